@@ -1,0 +1,394 @@
+"""One AMQP channel: its methods, delivery tags, unacked deliveries and confirms."""
+
+from __future__ import annotations
+
+import base64
+import os
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from pamqp import commands
+
+from . import codec, errors
+from .consumer import Consumer
+from .message import Message
+from .queue import QUORUM_DEFAULT_PREFETCH, Queue
+
+if TYPE_CHECKING:
+    from .connection import BrokerConnection
+
+B = commands.Basic
+Q = commands.Queue
+X = commands.Exchange
+
+
+class Unacked(NamedTuple):
+    queue: Queue
+    message: Message
+    consumer: Consumer | None
+    delivered_at: float
+
+
+class Channel:
+    def __init__(self, connection: BrokerConnection, number: int) -> None:
+        self.connection = connection
+        self.vhost = connection.server.vhost
+        self.number = number
+        self.open = True
+        self.consumers: dict[str, Consumer] = {}
+        self.unacked: OrderedDict[int, Unacked] = OrderedDict()
+        self.next_tag = 0
+        self.consumer_prefetch = 0
+        self.global_prefetch = 0
+        self.global_unacked = 0
+        self.confirming = False
+        self.publish_seq = 0
+        self.pending_confirms: list[tuple[int, bool]] = []
+        self.last_queue = ""
+        # publish being assembled: (exchange, routing_key, mandatory), header, body parts
+        self._publish: tuple[str, str, bool] | None = None
+        self._header: bytes | None = None
+        self._body_size = 0
+        self._body: list[bytes] = []
+        self._received = 0
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            B.Publish: self._on_publish,
+            B.Ack: self._on_ack,
+            B.Nack: self._on_nack,
+            B.Reject: self._on_reject,
+            B.Qos: self._on_qos,
+            B.Consume: self._on_consume,
+            B.Cancel: self._on_cancel,
+            B.Get: self._on_get,
+            B.Recover: self._on_recover,
+            B.RecoverAsync: self._on_recover,
+            commands.Confirm.Select: self._on_confirm_select,
+            commands.Channel.Flow: self._on_flow,
+            X.Declare: self._on_exchange_declare,
+            X.Delete: self._on_exchange_delete,
+            Q.Declare: self._on_queue_declare,
+            Q.Bind: self._on_queue_bind,
+            Q.Unbind: self._on_queue_unbind,
+            Q.Purge: self._on_queue_purge,
+            Q.Delete: self._on_queue_delete,
+        }
+
+    # -- frame entry points -------------------------------------------------
+
+    def on_method(self, method: Any) -> None:
+        if self._publish is not None:
+            raise errors.unexpected_frame(f"expected content header for class 60, got non content header frame instead")
+        handler = self._handlers.get(type(method))
+        if handler is None:
+            raise errors.not_implemented(f"{method.name} is not supported by the embedded broker")
+        try:
+            handler(method)
+        except errors.AmqpError as err:
+            if not err.class_id:
+                err.class_id, err.method_id = divmod(method.index, 0x10000)
+            raise
+
+    def on_header(self, payload: bytes) -> None:
+        if self._publish is None or self._header is not None:
+            raise errors.unexpected_frame("expected method frame, got non method frame instead")
+        if len(payload) < 14 or payload[0:2] != b"\x00\x3c":
+            raise errors.frame_error("malformed content header")
+        self._header = payload
+        self._body_size = codec.header_body_size(payload)
+        if self._body_size > self.connection.server.max_message_size:
+            self._publish = None
+            self._header = None
+            raise errors.precondition_failed(
+                f"message size {self._body_size} is larger than configured max size {self.connection.server.max_message_size}"
+            )
+        if self._body_size == 0:
+            self._complete_publish()
+
+    def on_body(self, payload: bytes) -> None:
+        if self._header is None:
+            raise errors.unexpected_frame("expected method frame, got non method frame instead")
+        self._body.append(payload)
+        self._received += len(payload)
+        if self._received >= self._body_size:
+            if self._received > self._body_size:
+                raise errors.frame_error("content body larger than the size in its header")
+            self._complete_publish()
+
+    # -- publishing -----------------------------------------------------------
+
+    def _on_publish(self, method: B.Publish) -> None:
+        if method.immediate:
+            raise errors.not_implemented("immediate=true")
+        self._publish = (method.exchange or "", method.routing_key or "", bool(method.mandatory))
+        self._received = 0
+        self._body = []
+
+    def _complete_publish(self) -> None:
+        assert self._publish is not None and self._header is not None
+        exchange, routing_key, mandatory = self._publish
+        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        header = self._header
+        self._publish, self._header, self._body = None, None, []
+        server = self.connection.server
+        seq = 0
+        if self.confirming:
+            self.publish_seq += 1
+            seq = self.publish_seq
+        message = Message(exchange, routing_key, header, body)
+        queues = self.vhost.route(exchange, message)
+        if server.faults.take_publish_nack():
+            if seq:
+                self._confirm(seq, False)
+            return
+        accepted = True
+        if not queues:
+            if mandatory:
+                self.connection.send_return(self.number, 312, "NO_ROUTE", exchange, routing_key, header, body)
+        else:
+            now = self.connection.loop_time()
+            for i, queue in enumerate(queues):
+                if not queue.publish(message if i == 0 else message.copy_for_queue(), now):
+                    accepted = False
+        if seq:
+            self._confirm(seq, accepted)
+
+    def _confirm(self, seq: int, ack: bool) -> None:
+        self.pending_confirms.append((seq, ack))
+        self.connection.schedule_flush()
+
+    def drain_confirms(self) -> list[bytes]:
+        """Encode pending confirms, folding runs of acks into one multiple ack."""
+        pending = self.pending_confirms
+        if not pending or not self.open:
+            pending.clear()
+            return []
+        self.pending_confirms = []
+        frames: list[bytes] = []
+        run_end = 0
+        run_len = 0
+        for seq, ack in pending:
+            if ack:
+                run_end = seq
+                run_len += 1
+                continue
+            if run_len:
+                frames.append(codec.confirm_method(self.number, run_end, run_len > 1, True))
+                run_len = 0
+            frames.append(codec.confirm_method(self.number, seq, False, False))
+        if run_len:
+            frames.append(codec.confirm_method(self.number, run_end, run_len > 1, True))
+        return frames
+
+    # -- delivering -----------------------------------------------------------
+
+    def deliver(self, consumer: Consumer, queue: Queue, message: Message) -> None:
+        self.next_tag += 1
+        tag = self.next_tag
+        conn = self.connection
+        if not consumer.no_ack:
+            self.unacked[tag] = Unacked(queue, message, consumer, conn.loop_time())
+            consumer.unacked += 1
+            self.global_unacked += 1
+            queue.unacked += 1
+        conn.write(codec.deliver_method(self.number, consumer.tag_wire, tag, message.redelivered, message.exchange, message.routing_key))
+        conn.write_content(self.number, message.header, message.body)
+
+    def _on_get(self, method: B.Get) -> None:
+        queue = self._queue(method.queue)
+        message = queue.get()
+        if message is None:
+            self.connection.send_method(self.number, B.GetEmpty())
+            return
+        self.next_tag += 1
+        tag = self.next_tag
+        if not method.no_ack:
+            self.unacked[tag] = Unacked(queue, message, None, self.connection.loop_time())
+            queue.unacked += 1
+        self.connection.write(
+            codec.get_ok_method(self.number, tag, message.redelivered, message.exchange, message.routing_key, len(queue.ready))
+        )
+        self.connection.write_content(self.number, message.header, message.body)
+
+    # -- settling -----------------------------------------------------------
+
+    def _take(self, tag: int, multiple: bool) -> list[Unacked]:
+        unacked = self.unacked
+        if multiple:
+            if tag == 0:
+                taken = list(unacked.values())
+                unacked.clear()
+                return taken
+            if tag not in unacked:
+                raise errors.precondition_failed(f"unknown delivery tag {tag}")
+            taken = []
+            while unacked:
+                first = next(iter(unacked))
+                if first > tag:
+                    break
+                taken.append(unacked.popitem(last=False)[1])
+            return taken
+        entry = unacked.pop(tag, None)
+        if entry is None:
+            raise errors.precondition_failed(f"unknown delivery tag {tag}")
+        return [entry]
+
+    def _release(self, entries: list[Unacked]) -> set[Queue]:
+        touched: set[Queue] = set()
+        for entry in entries:
+            entry.queue.unacked -= 1
+            consumer = entry.consumer
+            if consumer is not None:
+                consumer.unacked -= 1
+                self.global_unacked -= 1
+            touched.add(entry.queue)
+        return touched
+
+    def _settle(self, entries: list[Unacked], requeue: bool | None) -> None:
+        """requeue None = ack; True = back to the queue; False = reject (dead-letter)."""
+        touched = self._release(entries)
+        if requeue:
+            by_queue: dict[Queue, list[Message]] = {}
+            for entry in entries:
+                by_queue.setdefault(entry.queue, []).append(entry.message)
+            for queue, messages in by_queue.items():
+                queue.requeue(messages)
+        elif requeue is False:
+            for entry in entries:
+                entry.queue.reject(entry.message)
+        if self.global_prefetch:
+            touched.update(c.queue for c in self.consumers.values())
+        for queue in touched:
+            queue.dispatch()
+
+    def _on_ack(self, method: B.Ack) -> None:
+        self._settle(self._take(method.delivery_tag, bool(method.multiple)), None)
+
+    def _on_nack(self, method: B.Nack) -> None:
+        self._settle(self._take(method.delivery_tag, bool(method.multiple)), bool(method.requeue))
+
+    def _on_reject(self, method: B.Reject) -> None:
+        self._settle(self._take(method.delivery_tag, False), bool(method.requeue))
+
+    def _on_recover(self, method: B.Recover) -> None:
+        if not method.requeue:
+            raise errors.not_implemented("requeue=false")
+        self._settle(self._take(0, True), True)
+        if isinstance(method, B.Recover):
+            self.connection.send_method(self.number, B.RecoverOk())
+
+    def oldest_unacked_at(self) -> float | None:
+        if not self.unacked:
+            return None
+        return self.unacked[next(iter(self.unacked))].delivered_at
+
+    # -- consumers ------------------------------------------------------------
+
+    def _on_qos(self, method: B.Qos) -> None:
+        if method.prefetch_size:
+            raise errors.not_implemented(f"prefetch_size!=0 ({method.prefetch_size})")
+        if method.global_:
+            self.global_prefetch = method.prefetch_count
+        else:
+            self.consumer_prefetch = method.prefetch_count
+        self.connection.send_method(self.number, B.QosOk())
+        for consumer in self.consumers.values():
+            consumer.queue.dispatch()
+
+    def _on_consume(self, method: B.Consume) -> None:
+        queue = self._queue(method.queue)
+        tag = method.consumer_tag or "amq.ctag-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+        if tag in self.consumers:
+            raise errors.not_allowed(f"attempt to reuse consumer tag '{tag}'")
+        prefetch = self.consumer_prefetch
+        if queue.is_quorum:
+            if self.global_prefetch:
+                raise errors.not_implemented(f"queue '{queue.name}' in vhost '/' does not support global qos")
+            prefetch = prefetch or QUORUM_DEFAULT_PREFETCH
+        consumer = Consumer(tag, self, queue, bool(method.no_ack), bool(method.exclusive), prefetch)
+        queue.add_consumer(consumer)
+        self.consumers[tag] = consumer
+        if not method.nowait:
+            self.connection.send_method(self.number, B.ConsumeOk(consumer_tag=tag))
+        queue.dispatch()
+
+    def _on_cancel(self, method: B.Cancel) -> None:
+        consumer = self.consumers.pop(method.consumer_tag, None)
+        if not method.nowait:
+            self.connection.send_method(self.number, B.CancelOk(consumer_tag=method.consumer_tag))
+        if consumer is not None:
+            consumer.queue.remove_consumer(consumer)
+            self.vhost.consumer_gone(consumer.queue)
+
+    def consumer_cancelled_by_server(self, consumer: Consumer) -> None:
+        self.consumers.pop(consumer.tag, None)
+        if self.open and self.connection.client_capability("consumer_cancel_notify"):
+            self.connection.send_method(self.number, B.Cancel(consumer_tag=consumer.tag, nowait=True))
+
+    def _on_confirm_select(self, method: commands.Confirm.Select) -> None:
+        self.confirming = True
+        if not method.nowait:
+            self.connection.send_method(self.number, commands.Confirm.SelectOk())
+
+    def _on_flow(self, method: commands.Channel.Flow) -> None:
+        self.connection.send_method(self.number, commands.Channel.FlowOk(active=method.active))
+
+    # -- exchanges and queues ---------------------------------------------------
+
+    def _queue(self, name: str) -> Queue:
+        return self.vhost.queue(name or self.last_queue, self.connection)
+
+    def _on_exchange_declare(self, m: X.Declare) -> None:
+        self.vhost.declare_exchange(m.exchange, m.exchange_type, bool(m.passive), bool(m.durable), bool(m.auto_delete), bool(m.internal), m.arguments or {})
+        if not m.nowait:
+            self.connection.send_method(self.number, X.DeclareOk())
+
+    def _on_exchange_delete(self, m: X.Delete) -> None:
+        self.vhost.delete_exchange(m.exchange, bool(m.if_unused))
+        if not m.nowait:
+            self.connection.send_method(self.number, X.DeleteOk())
+
+    def _on_queue_declare(self, m: Q.Declare) -> None:
+        queue = self.vhost.declare_queue(
+            m.queue, bool(m.passive), bool(m.durable), bool(m.exclusive), bool(m.auto_delete), m.arguments or {}, self.connection
+        )
+        self.last_queue = queue.name
+        if not m.nowait:
+            reply = Q.DeclareOk.__new__(Q.DeclareOk)
+            reply.queue, reply.message_count, reply.consumer_count = queue.name, queue.message_count, len(queue.consumers)
+            self.connection.send_method(self.number, reply)
+
+    def _on_queue_bind(self, m: Q.Bind) -> None:
+        self.vhost.bind(m.queue or self.last_queue, m.exchange, m.routing_key, m.arguments or {}, self.connection)
+        if not m.nowait:
+            self.connection.send_method(self.number, Q.BindOk())
+
+    def _on_queue_unbind(self, m: Q.Unbind) -> None:
+        self.vhost.unbind(m.queue or self.last_queue, m.exchange, m.routing_key, m.arguments or {}, self.connection)
+        self.connection.send_method(self.number, Q.UnbindOk())
+
+    def _on_queue_purge(self, m: Q.Purge) -> None:
+        count = self._queue(m.queue).purge()
+        if not m.nowait:
+            self.connection.send_method(self.number, Q.PurgeOk(message_count=count))
+
+    def _on_queue_delete(self, m: Q.Delete) -> None:
+        count = self.vhost.delete_queue(m.queue or self.last_queue, bool(m.if_unused), bool(m.if_empty), self.connection)
+        if not m.nowait:
+            self.connection.send_method(self.number, Q.DeleteOk(message_count=count))
+
+    # -- teardown ---------------------------------------------------------------
+
+    def close(self) -> None:
+        """Channel gone: cancel its consumers and requeue every unacked delivery."""
+        if not self.open:
+            return
+        self.open = False
+        self.pending_confirms.clear()
+        for consumer in list(self.consumers.values()):
+            consumer.queue.remove_consumer(consumer)
+        consumers = list(self.consumers.values())
+        self.consumers.clear()
+        self._settle(self._take(0, True), True)
+        for consumer in consumers:
+            self.vhost.consumer_gone(consumer.queue)

@@ -1,0 +1,429 @@
+"""One client connection: framing, handshake, heartbeats and channel dispatch.
+
+The protocol object owns the socket. Frames it writes are gathered in a list
+and flushed once per event-loop pass, so a burst of deliveries or confirms
+costs one ``transport.write``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from pamqp import commands
+
+from . import codec, errors
+from .channel import Channel
+
+if TYPE_CHECKING:
+    from .server import BrokerServer
+
+log = logging.getLogger("spark_amqp.broker")
+
+C = commands.Connection
+SERVER_CHANNEL_MAX = 2047
+SERVER_FRAME_MAX = 131072
+FRAME_MIN_SIZE = 4096
+CLOSE_OK_TIMEOUT = 2.0
+
+
+class BrokerConnection(asyncio.Protocol):
+    def __init__(self, server: BrokerServer) -> None:
+        self.server = server
+        self.loop = server.loop
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.state = "header"  # header -> start -> tune -> open -> running -> closing -> closed
+        self.frame_max = SERVER_FRAME_MAX
+        self.channel_max = SERVER_CHANNEL_MAX
+        self.heartbeat = 0
+        self.channels: dict[int, Channel] = {}
+        self.closing_channels: set[int] = set()
+        self.capabilities: dict[str, Any] = {}
+        self.user = ""
+        self.write_paused = False
+        self._out: list[bytes] = []
+        self._flush_handle: asyncio.Handle | None = None
+        self._last_recv = 0.0
+        self._heartbeat_timer: asyncio.TimerHandle | None = None
+        self._close_timer: asyncio.TimerHandle | None = None
+        self.peer = ""
+
+    # -- asyncio.Protocol -------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        transport.set_write_buffer_limits(high=4 * 1024 * 1024)
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self._last_recv = self.loop.time()
+        self.server.connections.add(self)
+        # A client that never sends its header must not hold a socket forever.
+        self._heartbeat_timer = self.loop.call_later(10.0, self._handshake_timeout)
+
+    def data_received(self, data: bytes) -> None:
+        self._last_recv = self.loop.time()
+        if self.state == "closed":
+            return
+        self.buffer += data
+        try:
+            self._process()
+        except errors.AmqpError as err:
+            self.close_with(err)
+        except Exception:  # a bug must cost one connection, never the broker
+            log.exception("embedded broker: internal error on connection %s", self.peer)
+            self.close_with(errors.AmqpError(541, "internal error"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._teardown()
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        for channel in list(self.channels.values()):
+            for consumer in list(channel.consumers.values()):
+                consumer.queue.dispatch()
+
+    # -- framing ------------------------------------------------------------
+
+    def _process(self) -> None:
+        buf = self.buffer
+        if self.state == "header":
+            if len(buf) < 8:
+                if not codec.PROTOCOL_HEADER.startswith(bytes(buf[:8])):
+                    self._reject_header()
+                return
+            if bytes(buf[:8]) != codec.PROTOCOL_HEADER:
+                self._reject_header()
+                return
+            del buf[:8]
+            self._send_start()
+        offset = 0
+        size_limit = self.frame_max - codec.FRAME_OVERHEAD
+        head = codec.FRAME_HEAD
+        try:
+            while len(buf) - offset >= 8 and self.state != "closed":
+                frame_type, channel, size = head.unpack_from(buf, offset)
+                if size > size_limit:
+                    raise errors.frame_error(f"type {frame_type}, all octets = <<>>: {{frame_too_large,{size},{size_limit}}}")
+                end = offset + 7 + size
+                if len(buf) <= end:
+                    break
+                if buf[end] != codec.FRAME_END:
+                    raise errors.frame_error(f"type {frame_type}: {{invalid_frame_end_marker,{buf[end]}}}")
+                payload = bytes(buf[offset + 7 : end])
+                offset = end + 1
+                self._on_frame(frame_type, channel, payload)
+        finally:
+            del buf[:offset]
+
+    def _reject_header(self) -> None:
+        # RabbitMQ answers a bad header with the header it speaks, then closes.
+        assert self.transport is not None
+        self.transport.write(codec.PROTOCOL_HEADER)
+        self.state = "closed"
+        self.transport.close()
+
+    def _on_frame(self, frame_type: int, channel: int, payload: bytes) -> None:
+        if frame_type == codec.FRAME_HEARTBEAT:
+            return
+        if self.state == "closing":
+            if frame_type == codec.FRAME_METHOD and payload[:4] in (b"\x00\x0a\x00\x33", b"\x00\x0a\x00\x32"):
+                if payload[:4] == b"\x00\x0a\x00\x32":
+                    self.send_method(0, C.CloseOk())
+                self._finish_close()
+            return
+        if frame_type == codec.FRAME_METHOD:
+            try:
+                method = codec.decode_method(payload)
+            except codec.UnknownMethod as err:
+                raise errors.not_implemented(str(err)) from None
+            except codec.DecodeError:
+                cid, mid = (payload[0] << 8 | payload[1], payload[2] << 8 | payload[3]) if len(payload) >= 4 else (0, 0)
+                raise errors.AmqpError(501, f"cannot decode <<{','.join(str(b) for b in payload[4:20])}>>", cid, mid) from None
+            if channel == 0:
+                self._on_connection_method(method)
+            else:
+                self._on_channel_method(channel, method)
+        elif frame_type in (codec.FRAME_HEADER, codec.FRAME_BODY):
+            if self.state != "running":
+                raise errors.unexpected_frame("expected method frame, got non method frame instead")
+            ch = self._channel_for_content(channel)
+            if ch is None:
+                return
+            self._run_on_channel(ch, ch.on_header if frame_type == codec.FRAME_HEADER else ch.on_body, payload)
+        else:
+            raise errors.frame_error(f"type {frame_type}: unknown_frame")
+
+    def _channel_for_content(self, number: int) -> Channel | None:
+        if number in self.closing_channels:
+            return None
+        ch = self.channels.get(number)
+        if ch is None:
+            raise errors.unexpected_frame("expected method frame, got non method frame instead")
+        return ch
+
+    def _run_on_channel(self, ch: Channel, fn: Any, arg: Any) -> None:
+        try:
+            fn(arg)
+        except errors.AmqpError as err:
+            if err.closes_connection:
+                raise
+            self.close_channel(ch, err)
+
+    # -- connection class -------------------------------------------------------
+
+    def _send_start(self) -> None:
+        self.state = "start"
+        props = {
+            "product": "spark-amqp embedded broker",
+            "version": "1.0",
+            "platform": "Python asyncio",
+            "capabilities": {
+                "publisher_confirms": True,
+                "basic.nack": True,
+                "consumer_cancel_notify": True,
+                "exchange_exchange_bindings": False,
+                "per_consumer_qos": True,
+                "authentication_failure_close": True,
+                "connection.blocked": False,
+            },
+        }
+        start = C.Start(server_properties=props, mechanisms="PLAIN AMQPLAIN", locales="en_US")
+        self.send_method(0, start)
+
+    def _on_connection_method(self, method: Any) -> None:
+        if isinstance(method, C.StartOk) and self.state == "start":
+            self._on_start_ok(method)
+        elif isinstance(method, C.TuneOk) and self.state == "tune":
+            self._on_tune_ok(method)
+        elif isinstance(method, C.Open) and self.state == "open":
+            if method.virtual_host not in ("/", ""):
+                raise errors.AmqpError(530, f"vhost {method.virtual_host} not found", 10, 40)
+            self.state = "running"
+            self.send_method(0, C.OpenOk())
+        elif isinstance(method, C.Close):
+            self.send_method(0, C.CloseOk())
+            self.state = "closed"
+            self._flush()
+            if self.transport is not None:
+                self.transport.close()
+        elif isinstance(method, C.CloseOk):
+            self._finish_close()
+        else:
+            raise errors.AmqpError(503, f"unexpected {method.name} in state {self.state}")
+
+    def _on_start_ok(self, method: C.StartOk) -> None:
+        self.capabilities = dict((method.client_properties or {}).get("capabilities") or {})
+        user, password = self._credentials(method)
+        if not self.server.authenticate(user, password):
+            log.info("embedded broker: login refused for user %r from %s", user, self.peer)
+            if self.client_capability("authentication_failure_close"):
+                self.close_with(
+                    errors.AmqpError(
+                        403,
+                        f"Login was refused using authentication mechanism {method.mechanism}. For details see the broker logfile.",
+                    )
+                )
+            else:
+                self._abort()
+            return
+        self.user = user
+        self.state = "tune"
+        self.send_method(0, C.Tune(channel_max=SERVER_CHANNEL_MAX, frame_max=SERVER_FRAME_MAX, heartbeat=self.server.heartbeat))
+
+    @staticmethod
+    def _credentials(method: C.StartOk) -> tuple[str, str]:
+        response = method.response
+        raw = response.encode("utf-8") if isinstance(response, str) else bytes(response or b"")
+        if method.mechanism == "PLAIN":
+            parts = raw.split(b"\x00")
+            if len(parts) == 3:
+                return parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")
+        elif method.mechanism == "AMQPLAIN":
+            from pamqp import decode
+
+            try:
+                _, table = decode.field_table(len(raw).to_bytes(4, "big") + raw)
+                return str(table.get("LOGIN", "")), str(table.get("PASSWORD", ""))
+            except ValueError:
+                pass
+        return "", ""
+
+    def _on_tune_ok(self, method: C.TuneOk) -> None:
+        if method.channel_max == 0 or method.channel_max > SERVER_CHANNEL_MAX:
+            # RabbitMQ refuses "no limit" and closes the socket without a close frame.
+            log.info("embedded broker: negotiated channel_max %s is above %s", method.channel_max, SERVER_CHANNEL_MAX)
+            self._abort()
+            return
+        frame_max = method.frame_max or SERVER_FRAME_MAX
+        if frame_max < FRAME_MIN_SIZE or frame_max > SERVER_FRAME_MAX:
+            log.info("embedded broker: frame_max %s outside [%s, %s]", frame_max, FRAME_MIN_SIZE, SERVER_FRAME_MAX)
+            self._abort()
+            return
+        self.channel_max = method.channel_max
+        self.frame_max = frame_max
+        self.heartbeat = method.heartbeat
+        self.state = "open"
+        if self._heartbeat_timer is not None:
+            self._heartbeat_timer.cancel()
+            self._heartbeat_timer = None
+        if self.heartbeat:
+            self._heartbeat_timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
+
+    def _handshake_timeout(self) -> None:
+        self._heartbeat_timer = None
+        if self.state in ("header", "start", "tune", "open"):
+            self._abort()
+
+    def _heartbeat_tick(self) -> None:
+        # Send every heartbeat/2 seconds; a peer silent for 2 intervals is dead.
+        if self.state in ("closed",):
+            return
+        if self.loop.time() - self._last_recv > 2 * self.heartbeat:
+            log.info("embedded broker: missed heartbeats from client %s, timeout: %ss", self.peer, self.heartbeat)
+            self._abort()
+            return
+        self.write(codec.HEARTBEAT_FRAME)
+        self._heartbeat_timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
+
+    # -- channels -----------------------------------------------------------------
+
+    def _on_channel_method(self, number: int, method: Any) -> None:
+        if self.state != "running":
+            raise errors.AmqpError(504, "connection not open", *divmod(method.index, 0x10000))
+        if number in self.closing_channels:
+            # After we sent channel.close, only close/close-ok are meaningful.
+            if isinstance(method, commands.Channel.CloseOk):
+                self.closing_channels.discard(number)
+            elif isinstance(method, commands.Channel.Close):
+                self.send_method(number, commands.Channel.CloseOk())
+            return
+        if isinstance(method, commands.Channel.Open):
+            if number in self.channels:
+                raise errors.AmqpError(504, "second 'channel.open' seen", 20, 10)
+            self.channels[number] = Channel(self, number)
+            self.send_method(number, commands.Channel.OpenOk())
+            return
+        ch = self.channels.get(number)
+        if ch is None:
+            raise errors.AmqpError(504, "expected 'channel.open'", *divmod(method.index, 0x10000))
+        if isinstance(method, commands.Channel.Close):
+            self.channels.pop(number, None)
+            ch.close()
+            self.send_method(number, commands.Channel.CloseOk())
+            return
+        if isinstance(method, commands.Channel.CloseOk):
+            return
+        self._run_on_channel(ch, ch.on_method, method)
+
+    def close_channel(self, ch: Channel, err: errors.AmqpError) -> None:
+        """Server-initiated channel close: requeue its deliveries, tell the client."""
+        if self.channels.get(ch.number) is not ch:
+            return
+        # Confirms already decided precede the close, as on RabbitMQ.
+        for data in ch.drain_confirms():
+            self.write(data)
+        del self.channels[ch.number]
+        ch.close()
+        self.closing_channels.add(ch.number)
+        close = commands.Channel.Close.__new__(commands.Channel.Close)
+        close.reply_code, close.reply_text, close.class_id, close.method_id = err.code, err.text, err.class_id, err.method_id
+        self.send_method(ch.number, close)
+
+    def client_capability(self, name: str) -> bool:
+        return bool(self.capabilities.get(name))
+
+    # -- writing ------------------------------------------------------------------
+
+    def loop_time(self) -> float:
+        return self.loop.time()
+
+    def write(self, data: bytes) -> None:
+        self._out.append(data)
+        if self._flush_handle is None:
+            self._flush_handle = self.loop.call_soon(self._flush)
+
+    def schedule_flush(self) -> None:
+        if self._flush_handle is None:
+            self._flush_handle = self.loop.call_soon(self._flush)
+
+    def write_content(self, channel: int, header: bytes, body: bytes) -> None:
+        for data in codec.content_frames(channel, header, body, self.frame_max):
+            self.write(data)
+
+    def send_method(self, channel: int, method: Any) -> None:
+        self.write(codec.method_frame(channel, method))
+
+    def send_return(self, channel: int, code: int, text: str, exchange: str, routing_key: str, header: bytes, body: bytes) -> None:
+        ret = commands.Basic.Return.__new__(commands.Basic.Return)
+        ret.reply_code, ret.reply_text, ret.exchange, ret.routing_key = code, text, exchange, routing_key
+        self.send_method(channel, ret)
+        self.write_content(channel, header, body)
+
+    def _flush(self) -> None:
+        self._flush_handle = None
+        if not self.server.faults.confirms_held:
+            for ch in self.channels.values():
+                if ch.pending_confirms:
+                    self._out.extend(ch.drain_confirms())
+        if not self._out:
+            return
+        data = b"".join(self._out)
+        self._out = []
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    # -- closing --------------------------------------------------------------------
+
+    def close_with(self, err: errors.AmqpError) -> None:
+        """Connection exception: send connection.close and wait briefly for close-ok."""
+        if self.state in ("closing", "closed"):
+            return
+        log.info("embedded broker: closing connection %s: %s", self.peer, err.text)
+        if self.state == "header":
+            self._abort()
+            return
+        close = C.Close.__new__(C.Close)
+        close.reply_code, close.reply_text, close.class_id, close.method_id = err.code, err.text, err.class_id, err.method_id
+        self.send_method(0, close)
+        self._flush()
+        self.state = "closing"
+        self._teardown_channels()
+        self._close_timer = self.loop.call_later(CLOSE_OK_TIMEOUT, self._finish_close)
+
+    def _finish_close(self) -> None:
+        self.state = "closed"
+        if self.transport is not None:
+            self.transport.close()
+
+    def _abort(self) -> None:
+        self.state = "closed"
+        if self.transport is not None:
+            self.transport.abort()
+
+    def drop(self) -> None:
+        """Fault injection: vanish like a cut network cable."""
+        self._abort()
+
+    def _teardown_channels(self) -> None:
+        channels = list(self.channels.values())
+        self.channels.clear()
+        for ch in channels:
+            ch.close()
+
+    def _teardown(self) -> None:
+        self.state = "closed"
+        for timer in (self._heartbeat_timer, self._close_timer, self._flush_handle):
+            if timer is not None:
+                timer.cancel()
+        self._heartbeat_timer = self._close_timer = self._flush_handle = None
+        self._teardown_channels()
+        self.server.vhost.connection_closed(self)
+        self.server.connections.discard(self)
+        self._out = []
+        self.buffer = bytearray()

@@ -1,0 +1,42 @@
+"""A basic.consume subscription: which channel gets a queue's messages, and how many at once."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from . import codec
+
+if TYPE_CHECKING:
+    from .channel import Channel
+    from .message import Message
+    from .queue import Queue
+
+
+class Consumer:
+    __slots__ = ("tag", "tag_wire", "channel", "queue", "no_ack", "exclusive", "prefetch", "unacked")
+
+    def __init__(self, tag: str, channel: Channel, queue: Queue, no_ack: bool, exclusive: bool, prefetch: int) -> None:
+        self.tag = tag
+        self.tag_wire = codec.shortstr(tag)
+        self.channel = channel
+        self.queue = queue
+        self.no_ack = no_ack
+        self.exclusive = exclusive
+        self.prefetch = prefetch  # 0 = unlimited
+        self.unacked = 0
+
+    def can_take(self) -> bool:
+        channel = self.channel
+        if not channel.open or channel.connection.write_paused:
+            return False
+        if self.no_ack:
+            return True
+        if self.prefetch and self.unacked >= self.prefetch:
+            return False
+        return not (channel.global_prefetch and channel.global_unacked >= channel.global_prefetch)
+
+    def deliver(self, queue: Queue, message: Message) -> None:
+        self.channel.deliver(self, queue, message)
+
+    def cancelled_by_server(self) -> None:
+        self.channel.consumer_cancelled_by_server(self)

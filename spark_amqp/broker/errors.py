@@ -1,0 +1,84 @@
+"""AMQP exceptions raised inside the embedded broker.
+
+Each carries the reply code and the text RabbitMQ would send; whether it closes
+the channel or the whole connection follows from the code, as in the spec.
+"""
+
+from __future__ import annotations
+
+REPLY_NAMES = {
+    311: "CONTENT_TOO_LARGE",
+    312: "NO_ROUTE",
+    313: "NO_CONSUMERS",
+    320: "CONNECTION_FORCED",
+    402: "INVALID_PATH",
+    403: "ACCESS_REFUSED",
+    404: "NOT_FOUND",
+    405: "RESOURCE_LOCKED",
+    406: "PRECONDITION_FAILED",
+    501: "FRAME_ERROR",
+    502: "SYNTAX_ERROR",
+    503: "COMMAND_INVALID",
+    504: "CHANNEL_ERROR",
+    505: "UNEXPECTED_FRAME",
+    506: "RESOURCE_ERROR",
+    530: "NOT_ALLOWED",
+    540: "NOT_IMPLEMENTED",
+    541: "INTERNAL_ERROR",
+}
+
+# Soft errors close only the channel; the rest close the connection.
+CHANNEL_CODES = frozenset({311, 312, 313, 403, 404, 405, 406})
+
+
+class AmqpError(Exception):
+    def __init__(self, code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:
+        self.code = code
+        self.text = f"{REPLY_NAMES.get(code, 'ERROR')} - {text}"
+        self.class_id = class_id
+        self.method_id = method_id
+        super().__init__(self.text)
+
+    @property
+    def closes_connection(self) -> bool:
+        return self.code not in CHANNEL_CODES
+
+
+def access_refused(text: str) -> AmqpError:
+    return AmqpError(403, text)
+
+
+def not_found(text: str) -> AmqpError:
+    return AmqpError(404, text)
+
+
+def resource_locked(text: str) -> AmqpError:
+    return AmqpError(405, text)
+
+
+def precondition_failed(text: str) -> AmqpError:
+    return AmqpError(406, text)
+
+
+def frame_error(text: str) -> AmqpError:
+    return AmqpError(501, text)
+
+
+def command_invalid(text: str) -> AmqpError:
+    return AmqpError(503, text)
+
+
+def channel_error(text: str) -> AmqpError:
+    return AmqpError(504, text)
+
+
+def unexpected_frame(text: str) -> AmqpError:
+    return AmqpError(505, text)
+
+
+def not_allowed(text: str) -> AmqpError:
+    return AmqpError(530, text)
+
+
+def not_implemented(text: str) -> AmqpError:
+    return AmqpError(540, text)

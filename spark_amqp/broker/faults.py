@@ -1,0 +1,18 @@
+"""Failures the embedded broker can be told to produce, for the connector's failure tests."""
+
+from __future__ import annotations
+
+
+class Faults:
+    """Mutable switches read by connections and channels on the broker's loop thread."""
+
+    def __init__(self) -> None:
+        self.nack_publishes = 0
+        self.confirms_held = False
+        self.refuse_until = 0.0
+
+    def take_publish_nack(self) -> bool:
+        if self.nack_publishes > 0:
+            self.nack_publishes -= 1
+            return True
+        return False

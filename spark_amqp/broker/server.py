@@ -1,0 +1,280 @@
+"""The broker server and ``EmbeddedBroker``, which runs it on a thread of its own."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import threading
+import urllib.parse
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from . import errors
+from .connection import BrokerConnection
+from .faults import Faults
+from .vhost import VirtualHost
+
+log = logging.getLogger("spark_amqp.broker")
+T = TypeVar("T")
+
+DEFAULT_CONSUMER_TIMEOUT_MS = 1_800_000  # RabbitMQ's default
+DEFAULT_MAX_MESSAGE_SIZE = 134_217_728  # RabbitMQ 3.10's default max_message_size
+
+
+class BrokerServer:
+    """State shared by all connections of one broker; lives on one event loop."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        user: str = "guest",
+        password: str = "guest",
+        heartbeat: int = 60,
+        consumer_timeout_ms: int | None = DEFAULT_CONSUMER_TIMEOUT_MS,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+    ) -> None:
+        self.loop = loop
+        self.user = user
+        self.password = password
+        self.heartbeat = heartbeat
+        self.consumer_timeout_ms = consumer_timeout_ms
+        self.max_message_size = max_message_size
+        self.vhost = VirtualHost()
+        self.faults = Faults()
+        self.connections: set[BrokerConnection] = set()
+        self._server: asyncio.base_events.Server | None = None
+        self._timeout_task: asyncio.Task[None] | None = None
+
+    def authenticate(self, user: str, password: str) -> bool:
+        return hmac.compare_digest(user.encode(), self.user.encode()) and hmac.compare_digest(password.encode(), self.password.encode())
+
+    def _new_connection(self) -> asyncio.Protocol:
+        conn = BrokerConnection(self)
+        if self.loop.time() < self.faults.refuse_until:
+            return _Refuser()
+        return conn
+
+    async def start(self, host: str, port: int) -> int:
+        self._server = await self.loop.create_server(self._new_connection, host, port, reuse_address=True, backlog=256)
+        self._timeout_task = self.loop.create_task(self._consumer_timeout_loop())
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        if self._timeout_task is not None:
+            self._timeout_task.cancel()
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            conn.drop()
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    async def _consumer_timeout_loop(self) -> None:
+        # RabbitMQ checks once a minute; checking every quarter of the timeout
+        # (at most once a second) lets tests use a 1-2 s timeout.
+        while True:
+            timeout_ms = self.consumer_timeout_ms
+            interval = 1.0 if not timeout_ms else min(1.0, max(0.05, timeout_ms / 4000))
+            await asyncio.sleep(interval)
+            if timeout_ms:
+                self.check_consumer_timeouts(timeout_ms)
+
+    def check_consumer_timeouts(self, timeout_ms: int) -> None:
+        deadline = self.loop.time() - timeout_ms / 1000.0
+        for conn in list(self.connections):
+            for ch in list(conn.channels.values()):
+                oldest = ch.oldest_unacked_at()
+                if oldest is not None and oldest < deadline:
+                    conn.close_channel(
+                        ch,
+                        errors.precondition_failed(
+                            f"delivery acknowledgement on channel {ch.number} timed out. Timeout value used: {timeout_ms} ms. "
+                            "This timeout value can be configured, see consumers doc guide to learn more"
+                        ),
+                    )
+
+
+class _Refuser(asyncio.Protocol):
+    """Accepts and immediately closes: a broker that is not taking connections."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
+
+
+class EmbeddedBroker:
+    """An in-memory AMQP 0-9-1 broker on its own event-loop thread.
+
+    >>> with EmbeddedBroker() as broker:
+    ...     url = broker.url   # amqp://guest:guest@127.0.0.1:<port>/%2F
+
+    Nothing is persisted: durable queues and persistent messages live only as
+    long as the broker object.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        user: str = "guest",
+        password: str = "guest",
+        heartbeat: int = 60,
+        consumer_timeout_ms: int | None = DEFAULT_CONSUMER_TIMEOUT_MS,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self._user = user
+        self._password = password
+        self._settings = dict(heartbeat=heartbeat, consumer_timeout_ms=consumer_timeout_ms, max_message_size=max_message_size)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._server: BrokerServer | None = None
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    def start(self) -> EmbeddedBroker:
+        if self._thread is not None:
+            return self
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            asyncio.set_event_loop(loop)
+            try:
+                self._server = BrokerServer(loop, self._user, self._password, **self._settings)  # type: ignore[arg-type]
+                self.port = loop.run_until_complete(self._server.start(self.host, self.port))
+            except BaseException as err:  # reported to the starting thread
+                failure.append(err)
+                ready.set()
+                loop.close()
+                return
+            ready.set()
+            try:
+                loop.run_forever()
+            finally:
+                loop.run_until_complete(self._server.stop())
+                loop.close()
+
+        self._thread = threading.Thread(target=run, name=f"embedded-amqp-broker-{id(self):x}", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if failure:
+            self._thread = None
+            raise failure[0]
+        return self
+
+    def stop(self) -> None:
+        if self._thread is None or self._loop is None:
+            return
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._thread = None
+
+    def __enter__(self) -> EmbeddedBroker:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        user = urllib.parse.quote(self._user, safe="")
+        password = urllib.parse.quote(self._password, safe="")
+        return f"amqp://{user}:{password}@{self.host}:{self.port}/%2F"
+
+    def call(self, fn: Callable[[BrokerServer], T], timeout: float = 10.0) -> T:
+        """Run ``fn(server)`` on the broker's loop and return its result."""
+        if self._loop is None or self._server is None:
+            raise RuntimeError("the embedded broker is not running")
+        server = self._server
+
+        async def invoke() -> T:
+            return fn(server)
+
+        return asyncio.run_coroutine_threadsafe(invoke(), self._loop).result(timeout)
+
+    # -- settings and introspection ---------------------------------------------
+
+    @property
+    def consumer_timeout_ms(self) -> int | None:
+        return self.call(lambda s: s.consumer_timeout_ms)
+
+    @consumer_timeout_ms.setter
+    def consumer_timeout_ms(self, value: int | None) -> None:
+        def apply(s: BrokerServer) -> None:
+            s.consumer_timeout_ms = value
+
+        self.call(apply)
+
+    def queue_stats(self, name: str) -> dict[str, int]:
+        """Ready, unacked and consumer counts of a queue (KeyError if it does not exist)."""
+        return self.call(lambda s: s.vhost.stats(name))
+
+    def connection_count(self) -> int:
+        return self.call(lambda s: len(s.connections))
+
+    # -- fault injection ------------------------------------------------------------
+
+    def nack_next_publishes(self, count: int) -> None:
+        """The next ``count`` publishes (any connection) are not enqueued and get basic.nack."""
+
+        def apply(s: BrokerServer) -> None:
+            s.faults.nack_publishes = count
+
+        self.call(apply)
+
+    def hold_confirms(self, seconds: float | None = None) -> None:
+        """Withhold publisher confirms until ``release_confirms`` or for ``seconds``."""
+
+        def apply(s: BrokerServer) -> None:
+            s.faults.confirms_held = True
+            if seconds is not None:
+                s.loop.call_later(seconds, _release, s)
+
+        self.call(apply)
+
+    def release_confirms(self) -> None:
+        self.call(_release)
+
+    def drop_connections(self, count: int | None = None) -> int:
+        """Abruptly cut ``count`` client connections (all when None); returns how many."""
+
+        def apply(s: BrokerServer) -> int:
+            victims = sorted(s.connections, key=id)
+            victims = victims if count is None else victims[:count]
+            for conn in victims:
+                conn.drop()
+            return len(victims)
+
+        return self.call(apply)
+
+    def close_channels(self, reply_code: int, reply_text: str = "closed by fault injection", queue: str | None = None) -> int:
+        """Close open channels with ``reply_code``: all of them, or those consuming from ``queue``."""
+
+        def apply(s: BrokerServer) -> int:
+            closed = 0
+            for conn in list(s.connections):
+                for ch in list(conn.channels.values()):
+                    if queue is None or any(c.queue.name == queue for c in ch.consumers.values()):
+                        conn.close_channel(ch, errors.AmqpError(reply_code, reply_text))
+                        closed += 1
+            return closed
+
+        return self.call(apply)
+
+    def refuse_connections(self, seconds: float) -> None:
+        """New connections are accepted and closed at once for ``seconds``."""
+
+        def apply(s: BrokerServer) -> None:
+            s.faults.refuse_until = s.loop.time() + seconds
+
+        self.call(apply)
+
+
+def _release(server: BrokerServer) -> None:
+    server.faults.confirms_held = False
+    for conn in list(server.connections):
+        conn.schedule_flush()
