@@ -180,7 +180,7 @@ class Queue:
         return self._prepare(self.ready.popleft())
 
     def _prepare(self, message: Message) -> Message:
-        if self.is_quorum and message.deliveries:
+        if self.is_quorum:  # RabbitMQ 3.10 stamps every quorum delivery, 0 on the first
             message.header = with_delivery_count(message.header, message.deliveries)
         message.deliveries += 1
         return message
