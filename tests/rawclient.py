@@ -68,6 +68,27 @@ class RawClient:
                 raise EOFError("peer closed")
             self.buf += chunk
 
+    def read_raw_frame(self, timeout: float = 5.0) -> tuple[int, int, bytes]:
+        """Next (type, channel, payload) without decoding; heartbeats are skipped."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if len(self.buf) >= 7:
+                ftype, channel, size = struct.unpack(">BHI", self.buf[:7])
+                if len(self.buf) >= size + 8:
+                    payload = self.buf[7 : 7 + size]
+                    self.buf = self.buf[size + 8 :]
+                    if ftype == 8:
+                        continue
+                    return ftype, channel, payload
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("no frame")
+            self.sock.settimeout(remaining)
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise EOFError("peer closed")
+            self.buf += chunk
+
     def read_method(self, timeout: float = 5.0) -> tuple[int, Any]:
         while True:
             channel, value = self.read_frame(timeout)
@@ -93,7 +114,11 @@ class RawClient:
         assert isinstance(ok, commands.Channel.OpenOk), ok
 
     def publish(self, channel: int, exchange: str, routing_key: str, body: bytes, **props: Any) -> None:
+        raw = header.ContentHeader(0, len(body), commands.Basic.Properties(**props)).marshal()
+        self.publish_raw_header(channel, exchange, routing_key, raw, body)
+
+    def publish_raw_header(self, channel: int, exchange: str, routing_key: str, raw_header: bytes, body: bytes) -> None:
         self.send(channel, commands.Basic.Publish(exchange=exchange, routing_key=routing_key))
-        self.send(channel, header.ContentHeader(0, len(body), commands.Basic.Properties(**props)))
+        self.sock.sendall(frame._marshal(2, channel, raw_header))
         if body:
             self.sock.sendall(frame._marshal(3, channel, body))
