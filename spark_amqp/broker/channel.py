@@ -46,6 +46,9 @@ class Channel:
         self.publish_seq = 0
         self.pending_confirms: list[tuple[int, bool]] = []
         self.last_queue = ""
+        # Publishers repeat the same exchange, routing key and properties; sharing
+        # one object for each keeps a queued message near its payload size.
+        self._shared: dict[object, object] = {}
         # publish being assembled: (exchange, routing_key, mandatory), header, body parts
         self._publish: tuple[str, str, bool] | None = None
         self._header: bytes | None = None
@@ -94,7 +97,7 @@ class Channel:
             raise errors.unexpected_frame("expected method frame, got non method frame instead")
         if len(payload) < 14 or payload[0:2] != b"\x00\x3c":
             raise errors.frame_error("malformed content header")
-        self._header = payload
+        self._header = self._share(payload)
         self._body_size = codec.header_body_size(payload)
         if self._body_size > self.connection.server.max_message_size:
             self._publish = None
@@ -120,9 +123,19 @@ class Channel:
     def _on_publish(self, method: B.Publish) -> None:
         if method.immediate:
             raise errors.not_implemented("immediate=true")
-        self._publish = (method.exchange or "", method.routing_key or "", bool(method.mandatory))
+        self._publish = (self._share(method.exchange or ""), self._share(method.routing_key or ""), bool(method.mandatory))
         self._received = 0
         self._body = []
+
+    def _share(self, value: Any) -> Any:
+        shared = self._shared
+        found = shared.get(value)
+        if found is not None:
+            return found
+        if len(shared) >= 4096:
+            shared.clear()
+        shared[value] = value
+        return value
 
     def _complete_publish(self) -> None:
         assert self._publish is not None and self._header is not None
