@@ -20,7 +20,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import pika_baseline as pb  # noqa: E402
+import pika_baseline as pb
 
 BODY = b"x" * 200
 

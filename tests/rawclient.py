@@ -42,7 +42,7 @@ class RawClient:
                 if not chunk:
                     break
                 out += chunk
-        except (socket.timeout, ConnectionResetError):
+        except (TimeoutError, ConnectionResetError):
             pass
         return out
 
@@ -95,12 +95,19 @@ class RawClient:
             if not isinstance(value, heartbeat.Heartbeat):
                 return channel, value
 
-    def handshake(self, heartbeat_s: int = 0, frame_max: int = 131072, channel_max: int = 2047, vhost: str = "/") -> commands.Connection.Tune:
+    def handshake(
+        self, heartbeat_s: int = 0, frame_max: int = 131072, channel_max: int = 2047, vhost: str = "/"
+    ) -> commands.Connection.Tune:
         self.sock.sendall(PROTOCOL_HEADER)
         _, start = self.read_method()
         assert isinstance(start, commands.Connection.Start), start
         response = f"\0{self.user}\0{self.password}"
-        self.send(0, commands.Connection.StartOk(client_properties={"capabilities": {"consumer_cancel_notify": True}}, mechanism="PLAIN", response=response, locale="en_US"))
+        self.send(
+            0,
+            commands.Connection.StartOk(
+                client_properties={"capabilities": {"consumer_cancel_notify": True}}, mechanism="PLAIN", response=response, locale="en_US"
+            ),
+        )
         _, tune = self.read_method()
         assert isinstance(tune, commands.Connection.Tune), tune
         self.frame_max = frame_max

@@ -81,7 +81,7 @@ class Channel:
 
     def on_method(self, method: Any) -> None:
         if self._publish is not None:
-            raise errors.unexpected_frame(f"expected content header for class 60, got non content header frame instead")
+            raise errors.unexpected_frame("expected content header for class 60, got non content header frame instead")
         handler = self._handlers.get(type(method))
         if handler is None:
             raise errors.not_implemented(f"{method.name} is not supported by the embedded broker")
@@ -281,7 +281,7 @@ class Channel:
         self._settle(self._take(method.delivery_tag, bool(method.multiple)), bool(method.requeue))
 
     def _on_reject(self, method: B.Reject) -> None:
-        self._settle(self._take(method.delivery_tag, False), bool(method.requeue))
+        self._settle(self._take(method.delivery_tag or 0, False), bool(method.requeue))
 
     def _on_recover(self, method: B.Recover) -> None:
         if not method.requeue:
@@ -326,7 +326,7 @@ class Channel:
         queue.dispatch()
 
     def _on_cancel(self, method: B.Cancel) -> None:
-        consumer = self.consumers.pop(method.consumer_tag, None)
+        consumer = self.consumers.pop(method.consumer_tag or "", None)
         if not method.nowait:
             self.connection.send_method(self.number, B.CancelOk(consumer_tag=method.consumer_tag))
         if consumer is not None:
@@ -352,7 +352,9 @@ class Channel:
         return self.vhost.queue(name or self.last_queue, self.connection)
 
     def _on_exchange_declare(self, m: X.Declare) -> None:
-        self.vhost.declare_exchange(m.exchange, m.exchange_type, bool(m.passive), bool(m.durable), bool(m.auto_delete), bool(m.internal), m.arguments or {})
+        self.vhost.declare_exchange(
+            m.exchange, m.exchange_type, bool(m.passive), bool(m.durable), bool(m.auto_delete), bool(m.internal), m.arguments or {}
+        )
         if not m.nowait:
             self.connection.send_method(self.number, X.DeclareOk())
 

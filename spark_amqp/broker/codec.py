@@ -94,10 +94,11 @@ def decode_method(payload: bytes) -> base.Frame:
     if len(payload) < 4:
         raise DecodeError("method frame shorter than its class and method ids")
     class_id, method_id = METHOD_ID.unpack_from(payload, 0)
-    cls = commands.INDEX_MAPPING.get((class_id << 16) | method_id)
+    cls: type[base.Frame] | None = commands.INDEX_MAPPING.get((class_id << 16) | method_id)
     if cls is None:
         raise UnknownMethod(class_id, method_id)
-    method: base.Frame = cls.__new__(cls)
+    # __new__ skips the constructor's validation, which RabbitMQ does not do either.
+    method = cls.__new__(cls)
     try:
         method.unmarshal(payload[4:])
     except (struct.error, ValueError, TypeError, UnicodeDecodeError, IndexError) as err:

@@ -179,7 +179,7 @@ class BrokerConnection(asyncio.Protocol):
 
     def _send_start(self) -> None:
         self.state = "start"
-        props = {
+        props: dict[str, Any] = {
             "product": "spark-amqp embedded broker",
             "version": "1.0",
             "platform": "Python asyncio",
@@ -218,7 +218,8 @@ class BrokerConnection(asyncio.Protocol):
             raise errors.AmqpError(503, f"unexpected {method.name} in state {self.state}")
 
     def _on_start_ok(self, method: C.StartOk) -> None:
-        self.capabilities = dict((method.client_properties or {}).get("capabilities") or {})
+        caps = (method.client_properties or {}).get("capabilities")
+        self.capabilities = dict(caps) if isinstance(caps, dict) else {}
         user, password = self._credentials(method)
         if not self.server.authenticate(user, password):
             log.info("embedded broker: login refused for user %r from %s", user, self.peer)

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 
 class Consumer:
-    __slots__ = ("tag", "tag_wire", "channel", "queue", "no_ack", "exclusive", "prefetch", "unacked")
+    __slots__ = ("channel", "exclusive", "no_ack", "prefetch", "queue", "tag", "tag_wire", "unacked")
 
     def __init__(self, tag: str, channel: Channel, queue: Queue, no_ack: bool, exclusive: bool, prefetch: int) -> None:
         self.tag = tag

@@ -12,7 +12,7 @@ EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
 
 
 class Binding:
-    __slots__ = ("queue", "routing_key", "arguments")
+    __slots__ = ("arguments", "queue", "routing_key")
 
     def __init__(self, queue: Queue, routing_key: str, arguments: dict[str, Any]) -> None:
         self.queue = queue

@@ -18,7 +18,7 @@ from . import codec
 
 
 class Message:
-    __slots__ = ("exchange", "routing_key", "header", "body", "seq", "redelivered", "expires_at", "deliveries")
+    __slots__ = ("body", "deliveries", "exchange", "expires_at", "header", "redelivered", "routing_key", "seq")
 
     def __init__(self, exchange: str, routing_key: str, header: bytes, body: bytes) -> None:
         self.exchange = exchange

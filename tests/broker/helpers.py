@@ -45,7 +45,9 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: floa
         time.sleep(interval)
 
 
-def consume_n(conn: pika.BlockingConnection, ch: Any, queue: str, n: int, timeout: float = 10.0, **kwargs: Any) -> list[tuple[Any, Any, bytes]]:
+def consume_n(
+    conn: pika.BlockingConnection, ch: Any, queue: str, n: int, timeout: float = 10.0, **kwargs: Any
+) -> list[tuple[Any, Any, bytes]]:
     """Deliveries of a basic.consume until ``n`` arrived (left unacked)."""
     got: list[tuple[Any, Any, bytes]] = []
     tag = ch.basic_consume(queue, lambda c, m, p, b: got.append((m, p, b)), **kwargs)

@@ -97,7 +97,7 @@ def test_heartbeats_are_sent_and_dead_peer_is_dropped(amqp_url: str) -> None:
     beats = 0
     with pytest.raises((EOFError, ConnectionResetError)):
         while time.monotonic() - start < 10:
-            channel, frame = client.read_frame(timeout=10)
+            _channel, _frame = client.read_frame(timeout=10)
             beats += 1
     elapsed = time.monotonic() - start
     # Silent client: the broker keeps beating, then gives up after ~2 missed intervals.

@@ -71,7 +71,7 @@ def test_round_robin_between_consumers(conn, names) -> None:  # type: ignore[no-
 
     ch.basic_consume(q, on, consumer_tag="a")
     ch.basic_consume(q, on, consumer_tag="b")
-    for i in range(10):
+    for _i in range(10):
         ch.basic_publish("", q, b"x")
     wait_for(lambda: conn.process_data_events(time_limit=0.05) or sum(seen.values()) == 10)
     assert seen == {"a": 5, "b": 5}

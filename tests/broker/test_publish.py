@@ -129,7 +129,20 @@ def test_pika_properties_round_trip(amqp_url: str, names) -> None:  # type: igno
     got = drain(ch, q)
     assert [b for _, _, b in got] == [b"", b"\x00binary\xff", bytes(1024 * 1024)]
     p = got[0][1]
-    for attr in ("content_type", "content_encoding", "delivery_mode", "priority", "correlation_id", "reply_to", "expiration", "message_id", "timestamp", "type", "user_id", "app_id"):
+    for attr in (
+        "content_type",
+        "content_encoding",
+        "delivery_mode",
+        "priority",
+        "correlation_id",
+        "reply_to",
+        "expiration",
+        "message_id",
+        "timestamp",
+        "type",
+        "user_id",
+        "app_id",
+    ):
         assert getattr(p, attr) == getattr(props, attr), attr
     assert p.headers == headers
     conn.close()

@@ -240,13 +240,14 @@ class TestQuorum:
         q = names.queue()
         ch.queue_declare(q, durable=True, arguments={"x-queue-type": "quorum"})
         ch.confirm_delivery()
-        for i in range(2100):
+        for _i in range(2100):
             ch.basic_publish("", q, b"m")
         got: list[int] = []
         ch.basic_consume(q, lambda c, m, p, b: got.append(m.delivery_tag))
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and len(got) < 2100:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len(got) < 2000:
             conn.process_data_events(time_limit=0.1)
+        conn.process_data_events(time_limit=0.5)  # room for any delivery past the cap
         assert len(got) == 2000
 
     def test_global_qos_is_rejected(self, conn, names) -> None:  # type: ignore[no-untyped-def]
