@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml conf/constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c conf/constraints.txt -e ".[test]"
+	$(PY) -m pip install --quiet -c conf/constraints.txt --config-settings editable_mode=compat -e ".[test]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,0 +1,282 @@
+"""Every option the connector takes, parsed once into frozen, typed objects.
+
+Validation happens here and only here, before anything connects. Keys are
+matched case-insensitively (Spark lower-cases them anyway); an unknown key is an
+error that lists the valid ones. The password lives only in
+``ConnectionOptions.password``, which is excluded from ``repr``; everything that
+is shown to a person uses ``ConnectionOptions.display_uri``.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import AmqpOptionError
+
+__all__ = ["ConnectionOptions", "QueueDeclaration", "SourceOptions", "TlsOptions", "parse_source_options"]
+
+MAX_PREFETCH = 65535  # basic.qos prefetch_count is a 16-bit field
+DEFAULT_PREFETCH = 20_000
+DEFAULT_MAX_MESSAGES_PER_TRIGGER = 10_000
+
+
+@dataclass(frozen=True)
+class TlsOptions:
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    check_hostname: bool = True
+
+
+@dataclass(frozen=True)
+class ConnectionOptions:
+    host: str
+    port: int
+    vhost: str
+    username: str
+    password: str = field(repr=False)
+    tls: TlsOptions | None
+    heartbeat: int
+    connection_timeout: float
+
+    @property
+    def display_uri(self) -> str:
+        """The broker address for logs and errors: never the password."""
+        scheme = "amqps" if self.tls else "amqp"
+        vhost = urllib.parse.quote(self.vhost, safe="")
+        return f"{scheme}://{self.username}@{self.host}:{self.port}/{vhost}"
+
+
+@dataclass(frozen=True)
+class QueueDeclaration:
+    durable: bool
+    arguments: dict[str, Any]
+    exchange: str | None
+    binding_key: str
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    connection: ConnectionOptions
+    queues: tuple[str, ...]
+    prefetch: int
+    max_messages_per_trigger: int
+    num_partitions: int | None
+    declaration: QueueDeclaration | None
+
+
+# key (lower case) -> documented spelling
+CONNECTION_KEYS = {
+    k.lower(): k
+    for k in (
+        "uri",
+        "password",
+        "heartbeat",
+        "connectionTimeout",
+        "tls.caFile",
+        "tls.certFile",
+        "tls.keyFile",
+        "tls.checkHostname",
+    )
+}
+SOURCE_KEYS = CONNECTION_KEYS | {
+    k.lower(): k
+    for k in (
+        "queue",
+        "prefetch",
+        "maxMessagesPerTrigger",
+        "numPartitions",
+        "declareQueue",
+        "queueDurable",
+        "queueArguments",
+        "bindExchange",
+        "bindingKey",
+    )
+}
+# Keys Spark itself may add to a source's options.
+SPARK_KEYS = frozenset({"path"})
+
+
+class _Reader:
+    """Typed access to a case-insensitive option map, with errors that name the option."""
+
+    def __init__(self, options: Mapping[str, str], known: dict[str, str]) -> None:
+        self.known = known
+        self.values: dict[str, str] = {}
+        for key, value in options.items():
+            lower = key.lower()
+            if lower in SPARK_KEYS:
+                continue
+            if lower not in known:
+                valid = ", ".join(sorted(known.values(), key=str.lower))
+                raise AmqpOptionError(f"unknown option '{key}'; valid options are: {valid}")
+            self.values[lower] = value
+
+    def name(self, key: str) -> str:
+        return self.known[key.lower()]
+
+    def text(self, key: str, default: str | None = None) -> str | None:
+        value = self.values.get(key.lower())
+        if value is None:
+            return default
+        return str(value)
+
+    def required(self, key: str, hint: str) -> str:
+        value = self.text(key)
+        if value is None or value.strip() == "":
+            raise AmqpOptionError(f"option '{self.name(key)}' is required: {hint}")
+        return value
+
+    def integer(self, key: str, default: int | None, low: int, high: int | None = None) -> int | None:
+        raw = self.text(key)
+        if raw is None:
+            return default
+        try:
+            value = int(raw.strip())
+        except ValueError:
+            raise AmqpOptionError(f"option '{self.name(key)}' must be a whole number, got {raw!r}") from None
+        if value < low or (high is not None and value > high):
+            bounds = f"between {low} and {high}" if high is not None else f"at least {low}"
+            raise AmqpOptionError(f"option '{self.name(key)}' must be {bounds}, got {value}")
+        return value
+
+    def number(self, key: str, default: float, low: float) -> float:
+        raw = self.text(key)
+        if raw is None:
+            return default
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            raise AmqpOptionError(f"option '{self.name(key)}' must be a number, got {raw!r}") from None
+        if not value >= low:
+            raise AmqpOptionError(f"option '{self.name(key)}' must be at least {low}, got {value}")
+        return value
+
+    def boolean(self, key: str, default: bool) -> bool:
+        raw = self.text(key)
+        if raw is None:
+            return default
+        lowered = raw.strip().lower()
+        if lowered in ("true", "1", "yes"):
+            return True
+        if lowered in ("false", "0", "no"):
+            return False
+        raise AmqpOptionError(f"option '{self.name(key)}' must be true or false, got {raw!r}")
+
+    def json_object(self, key: str) -> dict[str, Any]:
+        raw = self.text(key)
+        if raw is None:
+            return {}
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError as err:
+            raise AmqpOptionError(f"option '{self.name(key)}' must be a JSON object: {err.msg} at position {err.pos}") from None
+        if not isinstance(value, dict):
+            raise AmqpOptionError(f"option '{self.name(key)}' must be a JSON object, got {type(value).__name__}")
+        return value
+
+
+def _parse_connection(r: _Reader) -> ConnectionOptions:
+    uri = r.required("uri", "the broker address, e.g. amqp://user@host:5672/vhost (put the password in option 'password')")
+    try:
+        parts = urllib.parse.urlsplit(uri.strip())
+        port = parts.port
+    except ValueError:
+        raise AmqpOptionError(f"option 'uri' is not a valid AMQP URI: {_redact_uri(uri)}") from None
+    scheme = parts.scheme.lower()
+    if scheme not in ("amqp", "amqps"):
+        raise AmqpOptionError(f"option 'uri' must start with amqp:// or amqps://, got {_redact_uri(uri)}")
+    if not parts.hostname:
+        raise AmqpOptionError(f"option 'uri' has no host: {_redact_uri(uri)}")
+    if parts.query or parts.fragment:
+        raise AmqpOptionError(
+            "option 'uri' must not carry query parameters; use the connector's options (heartbeat, connectionTimeout, tls.*)"
+        )
+    path = parts.path[1:] if parts.path.startswith("/") else parts.path
+    vhost = urllib.parse.unquote(path) if path else "/"
+    username = urllib.parse.unquote(parts.username) if parts.username else "guest"
+    password = r.text("password")
+    if password is None:
+        password = urllib.parse.unquote(parts.password) if parts.password is not None else "guest"
+    tls_keys = ("tls.caFile", "tls.certFile", "tls.keyFile", "tls.checkHostname")
+    tls: TlsOptions | None = None
+    if scheme == "amqps":
+        tls = TlsOptions(r.text("tls.caFile"), r.text("tls.certFile"), r.text("tls.keyFile"), r.boolean("tls.checkHostname", True))
+        if (tls.cert_file is None) != (tls.key_file is None):
+            raise AmqpOptionError("options 'tls.certFile' and 'tls.keyFile' go together: give both or neither")
+    elif any(r.text(k) is not None for k in tls_keys):
+        raise AmqpOptionError("tls.* options need an amqps:// uri")
+    heartbeat = r.integer("heartbeat", 60, 0, 65535)
+    assert heartbeat is not None
+    return ConnectionOptions(
+        host=parts.hostname,
+        port=port or (5671 if tls else 5672),
+        vhost=vhost,
+        username=username,
+        password=password,
+        tls=tls,
+        heartbeat=heartbeat,
+        connection_timeout=r.number("connectionTimeout", 30.0, 0.1),
+    )
+
+
+def _redact_uri(uri: str) -> str:
+    """A uri as typed by the user, minus any password, for error messages."""
+    try:
+        parts = urllib.parse.urlsplit(uri)
+        if parts.password is None:
+            return uri
+        netloc = parts.netloc.rsplit("@", 1)[1]
+        return urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.username}:***@{netloc}"))
+    except ValueError:
+        return "<unparseable uri>"
+
+
+def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
+    r = _Reader(options, SOURCE_KEYS)
+    connection = _parse_connection(r)
+    raw_queues = r.required("queue", "one queue name, or several separated by commas")
+    queues = tuple(q.strip() for q in raw_queues.split(","))
+    if any(q == "" for q in queues):
+        raise AmqpOptionError(f"option 'queue' has an empty name in {raw_queues!r}")
+    if len(set(queues)) != len(queues):
+        raise AmqpOptionError(f"option 'queue' names a queue twice: {raw_queues!r}")
+    for q in queues:
+        if len(q.encode("utf-8")) > 255:
+            raise AmqpOptionError(f"option 'queue': name longer than 255 bytes: {q[:40]!r}...")
+    max_per_trigger = r.integer("maxMessagesPerTrigger", DEFAULT_MAX_MESSAGES_PER_TRIGGER, 1)
+    assert max_per_trigger is not None
+    default_prefetch = min(MAX_PREFETCH, max(DEFAULT_PREFETCH, 2 * max_per_trigger))
+    prefetch = r.integer("prefetch", default_prefetch, 1, MAX_PREFETCH)
+    assert prefetch is not None
+    # One batch waits for its commit while the next fills; both are unacked.
+    if prefetch < 2 * max_per_trigger:
+        raise AmqpOptionError(
+            f"option 'prefetch' ({prefetch}) must be at least twice 'maxMessagesPerTrigger' ({max_per_trigger}): "
+            "a committed batch stays unacknowledged until the next one is planned, so both must fit in the "
+            f"prefetch window; raise 'prefetch' to {2 * max_per_trigger} or lower 'maxMessagesPerTrigger'"
+        )
+    declaration = None
+    if r.boolean("declareQueue", False):
+        declaration = QueueDeclaration(
+            durable=r.boolean("queueDurable", True),
+            arguments=r.json_object("queueArguments"),
+            exchange=r.text("bindExchange"),
+            binding_key=r.text("bindingKey", "") or "",
+        )
+    else:
+        stray = [r.name(k) for k in ("queueDurable", "queueArguments", "bindExchange", "bindingKey") if r.text(k) is not None]
+        if stray:
+            raise AmqpOptionError(f"option(s) {', '.join(stray)} only apply with declareQueue=true")
+    return SourceOptions(
+        connection=connection,
+        queues=queues,
+        prefetch=prefetch,
+        max_messages_per_trigger=max_per_trigger,
+        num_partitions=r.integer("numPartitions", None, 1, 10_000),
+        declaration=declaration,
+    )

@@ -1,0 +1,129 @@
+"""The source's fixed schema, and deliveries to Arrow record batches and back.
+
+Header values become strings (the ``headers`` column is map<string,string>):
+
+- strings as they are; booleans ``true``/``false``; numbers and decimals with ``str()``;
+- timestamps as ISO-8601 in UTC (``2024-01-02T03:04:05+00:00``);
+- bytes as UTF-8 text when they decode, otherwise ``base64:`` followed by base64;
+- nested tables and arrays as JSON, their values rendered by the same rules;
+- a void (null) value as a null map value.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import decimal
+import json
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from .session import Delivery
+
+STRING_PROPERTIES = (
+    "message_id",
+    "correlation_id",
+    "content_type",
+    "content_encoding",
+    "type",
+    "app_id",
+    "user_id",
+    "reply_to",
+    "expiration",
+)
+
+SCHEMA_DDL = (
+    "body BINARY, queue STRING, exchange STRING, routing_key STRING, delivery_tag BIGINT, redelivered BOOLEAN, "
+    + ", ".join(f"{p} STRING" for p in STRING_PROPERTIES)
+    + ", priority INT, delivery_mode INT, timestamp TIMESTAMP, headers MAP<STRING, STRING>"
+)
+
+HEADERS_TYPE = pa.map_(pa.string(), pa.string())
+ARROW_SCHEMA = pa.schema(
+    [
+        ("body", pa.binary()),
+        ("queue", pa.string()),
+        ("exchange", pa.string()),
+        ("routing_key", pa.string()),
+        ("delivery_tag", pa.int64()),
+        ("redelivered", pa.bool_()),
+        *[(p, pa.string()) for p in STRING_PROPERTIES],
+        ("priority", pa.int32()),
+        ("delivery_mode", pa.int32()),
+        ("timestamp", pa.timestamp("us", tz="UTC")),
+        ("headers", HEADERS_TYPE),
+    ]
+)
+
+
+def render_header(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float, decimal.Decimal)):
+        return str(value)
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=datetime.timezone.utc)
+        return str(value.astimezone(datetime.timezone.utc).isoformat())
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            return "base64:" + base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, (dict, list)):
+        return json.dumps(_jsonable(value), separators=(",", ":"), ensure_ascii=False)
+    return str(value)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return render_header(value)
+
+
+def _column(values: list[Any], kind: pa.DataType) -> pa.Array:
+    if all(v is None for v in values):
+        return pa.nulls(len(values), kind)
+    return pa.array(values, kind)
+
+
+def to_record_batch(rows: Sequence[Delivery]) -> pa.RecordBatch:
+    props = [r.props for r in rows]
+    timestamps = [p.timestamp for p in props]
+    headers = [None if p.headers is None else [(str(k), render_header(v)) for k, v in p.headers.items()] for p in props]
+    columns = [
+        pa.array([r.body for r in rows], pa.binary()),
+        pa.array([r.queue for r in rows], pa.string()),
+        pa.array([r.exchange for r in rows], pa.string()),
+        pa.array([r.routing_key for r in rows], pa.string()),
+        pa.array([r.tag for r in rows], pa.int64()),
+        pa.array([r.redelivered for r in rows], pa.bool_()),
+        *[_column([getattr(p, name) for p in props], pa.string()) for name in STRING_PROPERTIES],
+        _column([p.priority for p in props], pa.int32()),
+        _column([p.delivery_mode for p in props], pa.int32()),
+        _column([None if t is None else t * 1_000_000 for t in timestamps], pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+        _column(headers, HEADERS_TYPE),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+
+
+def to_ipc(batch: pa.RecordBatch) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, ARROW_SCHEMA) as writer:
+        writer.write_batch(batch)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def from_ipc(data: bytes) -> Iterator[pa.RecordBatch]:
+    reader = pa.ipc.open_stream(pa.py_buffer(data))
+    yield from reader

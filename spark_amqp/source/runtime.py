@@ -1,0 +1,303 @@
+"""``SourceRuntime``: the source's state in Spark's source-runner process.
+
+It turns what the consumer session delivered into micro-batches, serves each
+batch's rows to ``partitions`` from memory, and acknowledges a batch only once
+Spark has committed it: in ``commit(end)``, and in the next ``latestOffset``
+(Spark calls it only after the previous batch reached the commit log, and it
+never calls ``commit`` while idle or for the last batch of an AvailableNow run).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import sys
+import time
+import uuid
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+import pika
+
+from ..connection import pika_parameters
+from ..offsets import AmqpSourceOffset, QueuePosition
+from ..options import SourceOptions
+from . import arrow
+from .ledger import Entry, RedeliveryFilter, SessionLedger
+from .session import AckConfirmed, ConsumerSession, Delivery, SessionClosed
+
+log = logging.getLogger("spark_amqp.source")
+
+RUNNER_MODULE = "pyspark.sql.streaming.python_streaming_source_runner"
+AUTO_PARTITION_ROWS = 10_000
+IDLE_RECHECK_SECONDS = 0.5
+
+
+@dataclass
+class PlannedBatch:
+    seq: int
+    partitions: list[bytes]
+    rows: int
+
+
+@dataclass
+class SourceMetrics:
+    emitted: int = 0
+    batches: int = 0
+    redeliveries_dropped: int = 0
+    sessions_lost: int = 0
+    acks_sent: int = 0
+    by_queue: Counter[str] = field(default_factory=Counter)
+
+
+class SourceRuntime:
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self.run_id = uuid.uuid4().hex[:12]
+        self.session: ConsumerSession | None = None
+        self.buffer: deque[Entry] = deque()
+        self.ledgers: dict[str, SessionLedger] = {}
+        self.dead_sessions: set[str] = set()
+        self.filter = RedeliveryFilter()
+        self.planned: dict[str, PlannedBatch] = {}
+        self.next_seq = 1
+        self.committed_seq = 0
+        self.last_end = AmqpSourceOffset.initial(options.queues)
+        self.metrics = SourceMetrics()
+        self.available_now: dict[str, int] | None = None
+        self._idle_since: float | None = None
+        self._terminating = False
+
+    # -- lifecycle --------------------------------------------------------------
+
+    def ensure_started(self) -> ConsumerSession:
+        if self.session is None:
+            self.session = ConsumerSession(self.options, self.run_id)
+            if _in_source_runner():
+                self._install_sigterm_handler()
+            self.session.start()
+        self.session.check()
+        return self.session
+
+    def shutdown(self) -> None:
+        if self.session is not None:
+            self.session.stop()
+
+    def _install_sigterm_handler(self) -> None:
+        # Spark stops a query by sending the runner SIGTERM; close the channels
+        # cleanly first so unacked deliveries return to their queues at once.
+        def on_sigterm(signum: int, frame: FrameType | None) -> None:
+            if self._terminating:
+                return
+            self._terminating = True
+            try:
+                self.shutdown()
+            finally:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+
+    # -- Spark's calls ------------------------------------------------------------
+
+    def latest_offset(self, start: dict[str, Any] | None, max_rows: int | None) -> dict[str, Any]:
+        session = self.ensure_started()
+        if self.planned:  # every batch planned before this call is in the commit log
+            self._committed(max(b.seq for b in self.planned.values()))
+        self._pump()
+        self._acknowledge()
+        origin = AmqpSourceOffset.from_json(start) if start else self.last_end
+        limit = self.options.max_messages_per_trigger if max_rows is None else max_rows
+        taken = self._take(limit)
+        if not taken:
+            if self.available_now is not None and not any(self.available_now.values()):
+                self._await_acks(session)
+            return origin.to_json()
+        end = self._plan(origin, taken)
+        self.last_end = end
+        return end.to_json()
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[bytes]:
+        end_offset = AmqpSourceOffset.from_json(end)
+        if AmqpSourceOffset.from_json(start) == end_offset:
+            self.last_end = end_offset
+            return []
+        batch = self.planned.get(end_offset.key)
+        if batch is None:
+            log.warning(
+                "AMQP source: batch ending at %s was planned by an earlier run of this query and its messages are no longer "
+                "in memory. They were never acknowledged, so the broker redelivers them (flagged redelivered) and they are "
+                "read again in later batches; this replay returns no rows.",
+                end_offset.key,
+            )
+            self.last_end = end_offset
+            return []
+        return batch.partitions
+
+    def commit(self, end: dict[str, Any]) -> None:
+        batch = self.planned.get(AmqpSourceOffset.from_json(end).key)
+        if batch is not None:
+            self._committed(batch.seq)
+        if self.session is not None:
+            self._pump()
+            self._acknowledge()
+
+    def prepare_available_now(self) -> None:
+        """Fix the target: what each queue holds now (passive declare) plus what is buffered here."""
+        self.ensure_started()
+        self._pump()
+        depths = self._queue_depths(self.options.queues)
+        buffered = Counter(e.delivery.queue for e in self.buffer)
+        self.available_now = {q: depths[q] + buffered[q] for q in self.options.queues}
+        log.info("AMQP source: AvailableNow run will read %s", self.available_now)
+
+    # -- internals -------------------------------------------------------------------
+
+    def _pump(self) -> None:
+        assert self.session is not None
+        inbox = self.session.inbox
+        buffer = self.buffer
+        ledgers = self.ledgers
+        filt = self.filter
+        while inbox:
+            item = inbox.popleft()
+            if type(item) is Delivery:
+                sid = item.session
+                ledger = ledgers.get(sid)
+                if ledger is None:
+                    if sid in self.dead_sessions:
+                        continue
+                    ledger = ledgers[sid] = SessionLedger()
+                entry = Entry(item.tag, item)
+                ledger.add(entry)
+                if item.redelivered:
+                    owner = filt.match(item)
+                    if owner is not None:
+                        entry.owner = owner
+                        self.metrics.redeliveries_dropped += 1
+                        continue
+                buffer.append(entry)
+            elif isinstance(item, SessionClosed):
+                self._session_closed(item)
+            elif isinstance(item, AckConfirmed):
+                ledger = ledgers.get(item.session)
+                if ledger is not None:
+                    ledger.confirmed(item.tag)
+        filt.expire()
+
+    def _session_closed(self, event: SessionClosed) -> None:
+        self.metrics.sessions_lost += 1
+        self.dead_sessions.add(event.session)
+        ledger = self.ledgers.pop(event.session, None)
+        if ledger is not None:
+            for entry in ledger.owned():
+                self.filter.remember(entry)
+        # Unplanned deliveries of the dead channel come back as redeliveries.
+        if any(e.delivery.session == event.session for e in self.buffer):
+            self.buffer = deque(e for e in self.buffer if e.delivery.session != event.session)
+        log.info("AMQP source: session %s (queue '%s') ended: %s", event.session, event.queue, event.reason)
+
+    def _committed(self, seq: int) -> None:
+        self.committed_seq = max(self.committed_seq, seq)
+        for key in [k for k, b in self.planned.items() if b.seq <= self.committed_seq]:
+            del self.planned[key]
+
+    def _acknowledge(self) -> None:
+        assert self.session is not None
+        for sid, ledger in self.ledgers.items():
+            tag = ledger.advance(self.committed_seq)
+            if tag is not None:
+                self.session.ack(sid, tag)
+                self.metrics.acks_sent += 1
+
+    def _take(self, limit: int) -> list[Entry]:
+        buffer = self.buffer
+        quota = self.available_now
+        if quota is None:
+            n = min(limit, len(buffer))
+            return [buffer.popleft() for _ in range(n)]
+        taken: list[Entry] = []
+        kept: deque[Entry] = deque()
+        while buffer and len(taken) < limit:
+            entry = buffer.popleft()
+            queue = entry.delivery.queue
+            if quota.get(queue, 0) > 0:
+                quota[queue] -= 1
+                taken.append(entry)
+            else:
+                kept.append(entry)  # beyond this run's target: stays unacked, returns to the queue
+        kept.extend(buffer)
+        self.buffer = kept
+        if not taken:
+            self._check_drained()
+        return taken
+
+    def _check_drained(self) -> None:
+        """AvailableNow: a queue that is empty on the broker and here has nothing more to give."""
+        assert self.available_now is not None
+        waiting = [q for q, n in self.available_now.items() if n > 0]
+        if not waiting:
+            return
+        now = time.monotonic()
+        if self._idle_since is None:
+            self._idle_since = now
+            return
+        if now - self._idle_since < IDLE_RECHECK_SECONDS:
+            return
+        self._idle_since = now
+        for queue, depth in self._queue_depths(waiting).items():
+            if depth == 0 and not any(e.delivery.queue == queue for e in self.buffer):
+                log.info("AMQP source: queue '%s' drained before its AvailableNow target; finishing it", queue)
+                self.available_now[queue] = 0
+
+    def _plan(self, origin: AmqpSourceOffset, taken: list[Entry]) -> AmqpSourceOffset:
+        seq = self.next_seq
+        self.next_seq += 1
+        positions: dict[str, QueuePosition] = {}
+        for entry in taken:
+            entry.owner = seq
+            delivery = entry.delivery
+            positions[delivery.queue] = QueuePosition(delivery.session, delivery.tag)
+        rows = [e.delivery for e in taken]
+        batch = arrow.to_record_batch(rows)
+        count = self.options.num_partitions or math.ceil(len(rows) / AUTO_PARTITION_ROWS)
+        count = max(1, min(count, len(rows)))
+        step = math.ceil(len(rows) / count)
+        parts = [arrow.to_ipc(batch.slice(i, step)) for i in range(0, len(rows), step)]
+        end = origin.advanced(positions)
+        self.planned[end.key] = PlannedBatch(seq, parts, len(rows))
+        self.metrics.emitted += len(rows)
+        self.metrics.batches += 1
+        self.metrics.by_queue.update(e.delivery.queue for e in taken)
+        return end
+
+    def _await_acks(self, session: ConsumerSession, timeout: float = 5.0) -> None:
+        """Before an AvailableNow run ends, make sure its last batch's acks reached the broker."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._pump()
+            if all(
+                not ledger.acked and all(e.owner == -1 or e.owner > self.committed_seq for e in ledger.unacked)
+                for ledger in self.ledgers.values()
+            ):
+                return
+            time.sleep(0.01)
+
+    def _queue_depths(self, queues: list[str] | tuple[str, ...]) -> dict[str, int]:
+        conn = pika.BlockingConnection(pika_parameters(self.options.connection, f"spark-amqp source {self.run_id} depth"))
+        try:
+            channel = conn.channel()
+            return {q: int(channel.queue_declare(q, passive=True).method.message_count) for q in queues}
+        finally:
+            if conn.is_open:
+                conn.close()
+
+
+def _in_source_runner() -> bool:
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    return getattr(spec, "name", None) == RUNNER_MODULE
