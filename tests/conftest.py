@@ -85,3 +85,11 @@ class NameFactory:
         name = f"test.{stem}.{self.tag}.{len(self.exchanges)}"
         self.exchanges.append(name)
         return name
+
+
+@pytest.fixture
+def embedded_or_none(broker_kind: str, request: pytest.FixtureRequest) -> EmbeddedBroker | None:
+    if broker_kind == "embedded":
+        broker: EmbeddedBroker = request.getfixturevalue("shared_embedded")
+        return broker
+    return None

@@ -34,7 +34,8 @@ CHANNEL_CODES = frozenset({311, 312, 313, 403, 404, 405, 406})
 class AmqpError(Exception):
     def __init__(self, code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:
         self.code = code
-        self.text = f"{REPLY_NAMES.get(code, 'ERROR')} - {text}"
+        name = REPLY_NAMES.get(code, "ERROR")
+        self.text = text if text.startswith(f"{name} - ") else f"{name} - {text}"
         self.class_id = class_id
         self.method_id = method_id
         super().__init__(self.text)

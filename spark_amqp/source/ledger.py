@@ -92,35 +92,63 @@ def fingerprint(delivery: Delivery) -> tuple[str, str]:
 
 
 class RedeliveryFilter:
-    """A multiset of fingerprints per queue, each occurrence tied to the batch that owns it."""
+    """A multiset of fingerprints per queue, each occurrence tied to the batch that owns it.
+
+    Copies with the same fingerprint are interchangeable, so what matters is how
+    many to emit. When a channel dies, its unplanned deliveries (never emitted)
+    come back for certain and must be emitted; its owned deliveries come back
+    too, except those whose ack the broker did process. So for each fingerprint
+    the first ``unplanned`` redelivered copies pass, and up to ``owned`` more are
+    dropped: the count emitted is right whichever way the unproven acks went.
+    """
 
     def __init__(self, retention_seconds: float = 1800.0) -> None:
         self.retention = retention_seconds
-        self._owners: dict[tuple[str, tuple[str, str]], deque[tuple[int, float]]] = {}
+        self._owners: dict[tuple[str, tuple[str, str]], deque[int]] = {}
+        self._pass: dict[tuple[str, tuple[str, str]], int] = {}
+        self._expiry: dict[tuple[str, tuple[str, str]], float] = {}
 
-    def remember(self, entry: Entry) -> None:
-        key = (entry.delivery.queue, fingerprint(entry.delivery))
-        self._owners.setdefault(key, deque()).append((entry.owner, time.monotonic() + self.retention))
+    def session_lost(self, owned: list[Entry], unplanned: list[Entry]) -> None:
+        expires = time.monotonic() + self.retention
+        for entry in owned:
+            key = (entry.delivery.queue, fingerprint(entry.delivery))
+            self._owners.setdefault(key, deque()).append(entry.owner)
+            self._expiry[key] = expires
+        if not self._owners:
+            return
+        for entry in unplanned:
+            key = (entry.delivery.queue, fingerprint(entry.delivery))
+            if key in self._owners:
+                self._pass[key] = self._pass.get(key, 0) + 1
 
     def match(self, delivery: Delivery) -> int | None:
-        """The owning batch of a redelivered copy, consuming one occurrence; None if it is new."""
+        """The owning batch of a redelivered copy, consuming one occurrence; None if it is to be emitted."""
         if not self._owners:
             return None
         key = (delivery.queue, fingerprint(delivery))
         owners = self._owners.get(key)
         if not owners:
             return None
-        owner, _ = owners.popleft()
+        passing = self._pass.get(key, 0)
+        if passing:
+            self._pass[key] = passing - 1
+            return None
+        owner = owners.popleft()
         if not owners:
-            del self._owners[key]
+            self._forget(key)
         return owner
 
+    def _forget(self, key: tuple[str, tuple[str, str]]) -> None:
+        self._owners.pop(key, None)
+        self._pass.pop(key, None)
+        self._expiry.pop(key, None)
+
     def expire(self) -> None:
-        if not self._owners:
+        if not self._expiry:
             return
         now = time.monotonic()
-        for key in [k for k, v in self._owners.items() if v and v[-1][1] < now]:
-            del self._owners[key]
+        for key in [k for k, t in self._expiry.items() if t < now]:
+            self._forget(key)
 
     def __len__(self) -> int:
         return sum(len(v) for v in self._owners.values())

@@ -193,12 +193,12 @@ class SourceRuntime:
         self.metrics.sessions_lost += 1
         self.dead_sessions.add(event.session)
         ledger = self.ledgers.pop(event.session, None)
-        if ledger is not None:
-            for entry in ledger.owned():
-                self.filter.remember(entry)
         # Unplanned deliveries of the dead channel come back as redeliveries.
-        if any(e.delivery.session == event.session for e in self.buffer):
+        unplanned = [e for e in self.buffer if e.delivery.session == event.session]
+        if unplanned:
             self.buffer = deque(e for e in self.buffer if e.delivery.session != event.session)
+        if ledger is not None:
+            self.filter.session_lost(list(ledger.owned()), unplanned)
         log.info("AMQP source: session %s (queue '%s') ended: %s", event.session, event.queue, event.reason)
 
     def _committed(self, seq: int) -> None:

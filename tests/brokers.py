@@ -1,0 +1,44 @@
+"""Broker-agnostic checks: ready/unacked counts on the embedded broker or a local RabbitMQ."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pika
+
+from spark_amqp.broker import EmbeddedBroker
+
+
+def counts(url: str, queue: str, embedded: EmbeddedBroker | None) -> tuple[int, int]:
+    """(ready, unacked) for ``queue``."""
+    if embedded is not None and url == embedded.url:
+        stats = embedded.queue_stats(queue)
+        return stats["ready"], stats["unacked"]
+    ctl = shutil.which("rabbitmqctl")
+    if ctl is None:
+        raise RuntimeError("rabbitmqctl is needed to read unacked counts from RabbitMQ")
+    out = subprocess.run(
+        [ctl, "list_queues", "-q", "--no-table-headers", "name", "messages_ready", "messages_unacknowledged"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    for line in out.splitlines():
+        parts = line.split("\t")
+        if parts[0] == queue:
+            return int(parts[1]), int(parts[2])
+    raise KeyError(queue)
+
+
+def publish(url: str, queue: str, bodies: list[bytes], declare: bool = True, **props_kwargs: object) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    ch = conn.channel()
+    if declare:
+        ch.queue_declare(queue)
+    ch.confirm_delivery()
+    for i, body in enumerate(bodies):
+        props = pika.BasicProperties(**{k: (v(i) if callable(v) else v) for k, v in props_kwargs.items()})
+        ch.basic_publish("", queue, body, props)
+    conn.close()

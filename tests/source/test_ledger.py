@@ -1,0 +1,73 @@
+"""Ack frontier and redelivery counting, without a broker."""
+
+from __future__ import annotations
+
+import pika
+
+from spark_amqp.source.ledger import UNPLANNED, Entry, RedeliveryFilter, SessionLedger, fingerprint
+from spark_amqp.source.session import Delivery
+
+
+def _d(tag: int, body: bytes = b"same", message_id: str | None = None, redelivered: bool = False, session: str = "s.1") -> Delivery:
+    return Delivery(session, "q", tag, redelivered, "", "q", pika.BasicProperties(message_id=message_id), body)
+
+
+def _entry(tag: int, owner: int, **kw) -> Entry:  # type: ignore[no-untyped-def]
+    e = Entry(tag, _d(tag, **kw))
+    e.owner = owner
+    return e
+
+
+def test_frontier_stops_at_the_first_uncommitted_or_unplanned_delivery() -> None:
+    ledger = SessionLedger()
+    for tag, owner in [(1, 1), (2, 1), (3, 2), (4, UNPLANNED), (5, 1)]:
+        ledger.add(_entry(tag, owner))
+    assert ledger.advance(committed=0) is None
+    assert ledger.advance(committed=1) == 2
+    assert ledger.advance(committed=2) == 3
+    assert ledger.advance(committed=5) is None  # tag 4 is not planned: nothing beyond it is acked
+    assert [e.tag for e in ledger.owned()] == [1, 2, 3, 5]
+    ledger.confirmed(2)
+    assert [e.tag for e in ledger.acked] == [3]
+
+
+def test_fingerprint_prefers_message_id_and_ignores_quorum_delivery_count() -> None:
+    assert fingerprint(_d(1, message_id="abc")) == ("id", "abc")
+    a = Delivery("s", "q", 1, False, "", "q", pika.BasicProperties(headers={"k": 1, "x-delivery-count": 0}), b"x")
+    b = Delivery("s", "q", 9, True, "", "q", pika.BasicProperties(headers={"k": 1, "x-delivery-count": 3}), b"x")
+    c = Delivery("s", "q", 9, True, "", "q", pika.BasicProperties(headers={"k": 2}), b"x")
+    assert fingerprint(a) == fingerprint(b) != fingerprint(c)
+
+
+def _emitted(filt: RedeliveryFilter, copies: int) -> int:
+    return sum(filt.match(_d(100 + i, redelivered=True, session="s.2")) is None for i in range(copies))
+
+
+def test_identical_copies_ack_processed_before_the_drop() -> None:
+    # 10 acked (proof pending) + 20 unplanned; the broker did process the ack: 20 come back.
+    filt = RedeliveryFilter()
+    filt.session_lost([_entry(t, 1) for t in range(1, 11)], [_entry(t, UNPLANNED) for t in range(11, 31)])
+    assert _emitted(filt, 20) == 20
+
+
+def test_identical_copies_ack_lost_with_the_connection() -> None:
+    # Same, but the ack never reached the broker: all 30 come back, 20 are new.
+    filt = RedeliveryFilter()
+    filt.session_lost([_entry(t, 1) for t in range(1, 11)], [_entry(t, UNPLANNED) for t in range(11, 31)])
+    assert _emitted(filt, 30) == 20
+    assert _emitted(filt, 5) == 5  # the filter is used up: later copies are new messages
+
+
+def test_message_ids_match_exactly() -> None:
+    filt = RedeliveryFilter()
+    filt.session_lost([_entry(1, 3, message_id="a")], [_entry(2, UNPLANNED, message_id="b")])
+    assert filt.match(_d(7, message_id="b", redelivered=True)) is None
+    assert filt.match(_d(8, message_id="a", redelivered=True)) == 3
+    assert filt.match(_d(9, message_id="a", redelivered=True)) is None
+
+
+def test_entries_expire() -> None:
+    filt = RedeliveryFilter(retention_seconds=-1)
+    filt.session_lost([_entry(1, 1)], [])
+    filt.expire()
+    assert len(filt) == 0 and filt.match(_d(5, redelivered=True)) is None

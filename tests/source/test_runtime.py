@@ -1,0 +1,233 @@
+"""The source's ack policy and redelivery handling, driven without Spark (fast), on both brokers."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+
+import pytest
+
+from spark_amqp.broker import EmbeddedBroker
+from spark_amqp.errors import AmqpSourceError
+from spark_amqp.offsets import AmqpSourceOffset
+
+from ..broker.helpers import wait_for
+from ..brokers import counts, publish
+from .driver import MicroBatchDriver
+
+
+def _bodies(rows: list[dict]) -> list[bytes]:  # type: ignore[type-arg]
+    return [r["body"] for r in rows]
+
+
+def test_every_message_once_then_acked(amqp_url: str, names, embedded_or_none) -> None:  # type: ignore[no-untyped-def]
+    q = names.queue()
+    publish(amqp_url, q, [b"m%d" % i for i in range(50)])
+    d = MicroBatchDriver(amqp_url, q, maxMessagesPerTrigger=7, prefetch=20)
+    try:
+        rows = d.drain(50)
+        assert sorted(_bodies(rows)) == sorted(b"m%d" % i for i in range(50))
+        assert d.batches >= 8 and all(r["queue"] == q and not r["redelivered"] for r in rows)
+        d.idle_until(lambda: counts(amqp_url, q, embedded_or_none) == (0, 0))
+    finally:
+        d.close()
+
+
+def test_nothing_is_acked_before_commit(amqp_url: str, names, embedded_or_none) -> None:  # type: ignore[no-untyped-def]
+    q = names.queue()
+    publish(amqp_url, q, [b"m%d" % i for i in range(10)])
+    d = MicroBatchDriver(amqp_url, q)
+    start, end = d.plan()
+    d.run_batch(start, end)
+    # The batch ran but Spark has not committed it: a later commit of an older offset changes nothing.
+    d.runtime.commit(start)
+    time.sleep(0.3)
+    assert counts(amqp_url, q, embedded_or_none)[1] == 10
+    d.close()
+    assert wait_for(lambda: counts(amqp_url, q, embedded_or_none) == (10, 0))
+
+
+def test_commit_acks_exactly_the_committed_batch(amqp_url: str, names, embedded_or_none) -> None:  # type: ignore[no-untyped-def]
+    q = names.queue()
+    publish(amqp_url, q, [b"m%d" % i for i in range(10)])
+    d = MicroBatchDriver(amqp_url, q, maxMessagesPerTrigger=4, prefetch=10)
+    try:
+        wait_for(
+            lambda: (
+                d.runtime.latest_offset(d.start, 0) is not None
+                and d.runtime.session
+                and len(d.runtime.session.inbox) + len(d.runtime.buffer) >= 10
+            )
+        )
+        start, end = d.plan(max_rows=4)
+        d.run_batch(start, end)
+        d.runtime.commit(end)  # Spark's commit of batch 0 (normally made before batch 1 runs)
+        assert wait_for(lambda: counts(amqp_url, q, embedded_or_none) == (0, 6))
+    finally:
+        d.close()
+    assert wait_for(lambda: counts(amqp_url, q, embedded_or_none) == (6, 0))
+
+
+def test_idle_latest_offset_acks_the_last_batch(amqp_url: str, names, embedded_or_none) -> None:  # type: ignore[no-untyped-def]
+    q = names.queue()
+    publish(amqp_url, q, [b"x"] * 5)
+    d = MicroBatchDriver(amqp_url, q)
+    try:
+        d.drain(5)
+        # No commit() for the last batch: Spark never sends it while idle.
+        d.idle_until(lambda: counts(amqp_url, q, embedded_or_none) == (0, 0), timeout=5)
+    finally:
+        d.close()
+
+
+def test_partitions_of_an_empty_range_and_of_a_previous_run(amqp_url: str, names, caplog) -> None:  # type: ignore[no-untyped-def]
+    q = names.queue()
+    publish(amqp_url, q, [])
+    d = MicroBatchDriver(amqp_url, q)
+    try:
+        assert d.runtime.partitions(d.start, d.start) == []
+        foreign = AmqpSourceOffset.from_json({"v": 1, "queues": {q: {"session": "earlier-run.1", "tag": 40}}}).to_json()
+        with caplog.at_level(logging.WARNING, logger="spark_amqp.source"):
+            assert d.runtime.partitions(d.start, foreign) == []
+        assert "redeliver" in caplog.text
+    finally:
+        d.close()
+
+
+def test_several_queues_share_a_batch(amqp_url: str, names, embedded_or_none) -> None:  # type: ignore[no-untyped-def]
+    q1, q2 = names.queue(), names.queue()
+    publish(amqp_url, q1, [b"a%d" % i for i in range(20)])
+    publish(amqp_url, q2, [b"b%d" % i for i in range(30)])
+    d = MicroBatchDriver(amqp_url, f"{q1}, {q2}")
+    try:
+        rows = d.drain(50)
+        assert collections.Counter(r["queue"] for r in rows) == {q1: 20, q2: 30}
+        offset = AmqpSourceOffset.from_json(d.start)
+        assert offset.position(q1).tag >= 1 and offset.position(q2).tag >= 1
+        d.idle_until(lambda: counts(amqp_url, q1, embedded_or_none) == (0, 0) and counts(amqp_url, q2, embedded_or_none) == (0, 0))
+    finally:
+        d.close()
+
+
+def test_missing_queue_is_a_clear_error(amqp_url: str) -> None:
+    d = MicroBatchDriver(amqp_url, "test.no.such.queue")
+    with pytest.raises(AmqpSourceError, match=r"queue 'test.no.such.queue'.*404"):
+        d.runtime.ensure_started()
+    d.close()
+
+
+def test_wrong_password_is_a_clear_error(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
+    q = names.queue()
+    publish(amqp_url, q, [])
+    d = MicroBatchDriver(amqp_url, q, password="not-the-password")
+    with pytest.raises(AmqpSourceError, match="refused the login of user 'guest'") as info:
+        d.runtime.ensure_started()
+    assert "not-the-password" not in str(info.value)
+    d.close()
+
+
+def test_available_now_reads_what_was_there(amqp_url: str, names, embedded_or_none) -> None:  # type: ignore[no-untyped-def]
+    q = names.queue()
+    publish(amqp_url, q, [b"before"] * 25)
+    d = MicroBatchDriver(amqp_url, q, maxMessagesPerTrigger=10, prefetch=100)
+    try:
+        d.runtime.prepare_available_now()
+        publish(amqp_url, q, [b"after"] * 5, declare=False)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            planned = d.plan(wait=3)
+            if planned is None:
+                break
+            d.run_batch(*planned)
+        assert _bodies(d.rows) == [b"before"] * 25
+        assert wait_for(lambda: counts(amqp_url, q, embedded_or_none)[1] <= 5)
+    finally:
+        d.close()
+    assert wait_for(lambda: counts(amqp_url, q, embedded_or_none) == (5, 0))
+
+
+# -- failures: embedded broker only -------------------------------------------------
+
+
+def _unique(rows: list[dict]) -> bool:  # type: ignore[type-arg]
+    ids = [r["message_id"] for r in rows]
+    return len(ids) == len(set(ids))
+
+
+def test_connection_drop_with_a_planned_batch_loses_and_duplicates_nothing(embedded: EmbeddedBroker) -> None:
+    publish(embedded.url, "q", [b"m%d" % i for i in range(40)], message_id=lambda i: f"id-{i}")
+    d = MicroBatchDriver(embedded.url, "q", maxMessagesPerTrigger=10, prefetch=40)
+    try:
+        start, end = d.plan(max_rows=10)
+        d.run_batch(start, end)  # planned on the first session, not yet committed
+        assert embedded.drop_connections() == 1
+        rows = d.drain(40, max_rows=10)
+        assert len(rows) == 40 and _unique(rows)
+        assert d.runtime.metrics.redeliveries_dropped >= 10
+        d.idle_until(lambda: embedded.queue_stats("q") == {"ready": 0, "unacked": 0, "consumers": 1})
+    finally:
+        d.close()
+
+
+def test_connection_drop_right_after_commit_duplicates_nothing(embedded: EmbeddedBroker) -> None:
+    publish(embedded.url, "q", [b"same"] * 30)  # identical bodies, no message id: multiset fingerprints
+    d = MicroBatchDriver(embedded.url, "q", maxMessagesPerTrigger=10, prefetch=30)
+    try:
+        wait_for(lambda: d.runtime.latest_offset(d.start, 0) is not None and len(d.runtime.buffer) + len(d.runtime.session.inbox) >= 30)  # type: ignore[union-attr]
+        start, end = d.plan(max_rows=10)
+        d.run_batch(start, end)
+        embedded.hold_confirms()  # irrelevant to acks; keeps the broker otherwise unchanged
+        d.runtime.commit(end)  # ack sent...
+        embedded.drop_connections()  # ...and the connection cut before its proof arrives
+        embedded.release_confirms()
+        d.drain(30, max_rows=10)
+        d.idle_until(lambda: embedded.queue_stats("q") == {"ready": 0, "unacked": 0, "consumers": 1})
+        assert len(d.rows) == 30
+        d.idle_until(lambda: embedded.queue_stats("q") == {"ready": 0, "unacked": 0, "consumers": 1})
+    finally:
+        d.close()
+
+
+def test_consumer_timeout_with_slow_batches_loses_and_duplicates_nothing() -> None:
+    with EmbeddedBroker(consumer_timeout_ms=1000) as broker:
+        publish(broker.url, "q", [b"m%d" % i for i in range(30)], message_id=lambda i: f"id-{i}")
+        d = MicroBatchDriver(broker.url, "q", maxMessagesPerTrigger=10, prefetch=30)
+        try:
+            start, end = d.plan(max_rows=10)
+            d.run_batch(start, end)
+            time.sleep(2.2)  # a long trigger interval: consumer_timeout closes the channel
+            rows = d.drain(30, max_rows=10)
+            assert len(rows) == 30 and _unique(rows)
+            assert d.runtime.metrics.sessions_lost >= 1
+            d.idle_until(lambda: broker.queue_stats("q") == {"ready": 0, "unacked": 0, "consumers": 1})
+        finally:
+            d.close()
+
+
+def test_channel_closed_by_broker_reopens_under_a_new_session(embedded: EmbeddedBroker) -> None:
+    publish(embedded.url, "q", [b"m%d" % i for i in range(20)], message_id=lambda i: f"id-{i}")
+    d = MicroBatchDriver(embedded.url, "q", maxMessagesPerTrigger=5, prefetch=20)
+    try:
+        start, end = d.plan(max_rows=5)
+        d.run_batch(start, end)
+        assert embedded.close_channels(406, "PRECONDITION_FAILED - injected", queue="q") == 1
+        rows = d.drain(20, max_rows=5)
+        assert len(rows) == 20 and _unique(rows)
+        d.idle_until(lambda: embedded.queue_stats("q") == {"ready": 0, "unacked": 0, "consumers": 1})
+        assert d.runtime.metrics.sessions_lost == 1
+    finally:
+        d.close()
+
+
+def test_broker_refusing_connections_is_retried(embedded: EmbeddedBroker) -> None:
+    publish(embedded.url, "q", [b"m%d" % i for i in range(10)], message_id=lambda i: f"id-{i}")
+    d = MicroBatchDriver(embedded.url, "q")
+    try:
+        d.runtime.ensure_started()
+        embedded.refuse_connections(1.0)
+        embedded.drop_connections()
+        rows = d.drain(10)
+        assert len(rows) == 10 and _unique(rows)
+    finally:
+        d.close()
