@@ -32,6 +32,8 @@ class AmqpDataSource(DataSource):
         return "amqp"
 
     def schema(self) -> str:
+        # Spark asks for the schema at load(): fail there, before anything connects.
+        self.source_options()
         return SCHEMA_DDL
 
     def source_options(self) -> SourceOptions:

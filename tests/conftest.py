@@ -93,3 +93,26 @@ def embedded_or_none(broker_kind: str, request: pytest.FixtureRequest) -> Embedd
         broker: EmbeddedBroker = request.getfixturevalue("shared_embedded")
         return broker
     return None
+
+
+@pytest.fixture(scope="session")
+def spark():  # type: ignore[no-untyped-def]
+    """One local SparkSession for every Spark test (starting one costs ~8 s)."""
+    import sys
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable  # workers need pyarrow and spark_amqp
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("spark-amqp-tests")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.memory", "2g")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

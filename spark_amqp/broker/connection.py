@@ -42,6 +42,7 @@ class BrokerConnection(asyncio.Protocol):
         self.closing_channels: set[int] = set()
         self.capabilities: dict[str, Any] = {}
         self.user = ""
+        self.client_name = ""
         self.write_paused = False
         self._out: list[bytes] = []
         self._flush_handle: asyncio.Handle | None = None
@@ -220,6 +221,8 @@ class BrokerConnection(asyncio.Protocol):
     def _on_start_ok(self, method: C.StartOk) -> None:
         caps = (method.client_properties or {}).get("capabilities")
         self.capabilities = dict(caps) if isinstance(caps, dict) else {}
+        name = (method.client_properties or {}).get("connection_name")
+        self.client_name = name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name or "")
         user, password = self._credentials(method)
         if not self.server.authenticate(user, password):
             log.info("embedded broker: login refused for user %r from %s", user, self.peer)

@@ -239,11 +239,12 @@ class EmbeddedBroker:
     def release_confirms(self) -> None:
         self.call(_release)
 
-    def drop_connections(self, count: int | None = None) -> int:
-        """Abruptly cut ``count`` client connections (all when None); returns how many."""
+    def drop_connections(self, count: int | None = None, name_contains: str | None = None) -> int:
+        """Abruptly cut ``count`` client connections (all when None), optionally only those whose
+        client-provided ``connection_name`` contains ``name_contains``; returns how many."""
 
         def apply(s: BrokerServer) -> int:
-            victims = sorted(s.connections, key=id)
+            victims = sorted((c for c in s.connections if name_contains is None or name_contains in c.client_name), key=id)
             victims = victims if count is None else victims[:count]
             for conn in victims:
                 conn.drop()

@@ -148,11 +148,20 @@ class SourceRuntime:
 
     def prepare_available_now(self) -> None:
         """Fix the target: what each queue holds now (passive declare) plus what is buffered here."""
-        self.ensure_started()
-        self._pump()
-        depths = self._queue_depths(self.options.queues)
-        buffered = Counter(e.delivery.queue for e in self.buffer)
-        self.available_now = {q: depths[q] + buffered[q] for q in self.options.queues}
+        if self.session is None:
+            depths = self._queue_depths(self.options.queues)
+            self.ensure_started()
+            self.available_now = dict(depths)
+        else:
+            # Consuming already: stop deliveries so that queue depth plus what is
+            # here is an exact snapshot, then carry on.
+            session = self.ensure_started()
+            session.pause()
+            self._pump()
+            depths = self._queue_depths(self.options.queues)
+            buffered = Counter(e.delivery.queue for e in self.buffer)
+            self.available_now = {q: depths[q] + buffered[q] for q in self.options.queues}
+            session.resume()
         log.info("AMQP source: AvailableNow run will read %s", self.available_now)
 
     # -- internals -------------------------------------------------------------------
@@ -196,7 +205,10 @@ class SourceRuntime:
         # Unplanned deliveries of the dead channel come back as redeliveries.
         unplanned = [e for e in self.buffer if e.delivery.session == event.session]
         if unplanned:
-            self.buffer = deque(e for e in self.buffer if e.delivery.session != event.session)
+            # In place: _pump holds a reference to this deque.
+            kept = [e for e in self.buffer if e.delivery.session != event.session]
+            self.buffer.clear()
+            self.buffer.extend(kept)
         if ledger is not None:
             self.filter.session_lost(list(ledger.owned()), unplanned)
         log.info("AMQP source: session %s (queue '%s') ended: %s", event.session, event.queue, event.reason)
@@ -231,7 +243,7 @@ class SourceRuntime:
             else:
                 kept.append(entry)  # beyond this run's target: stays unacked, returns to the queue
         kept.extend(buffer)
-        self.buffer = kept
+        buffer.extend(kept)  # buffer is empty here; refill in place
         if not taken:
             self._check_drained()
         return taken

@@ -99,6 +99,42 @@ class ConsumerSession:
         if conn is not None:
             conn.ioloop.add_callback_threadsafe(lambda: self._ack(session, tag))
 
+    def pause(self, timeout: float = 10.0) -> None:
+        """Cancel every consumer and wait for the broker's cancel-ok: after this, nothing more arrives."""
+        self._run_on_loop(self._cancel_all, timeout)
+
+    def resume(self, timeout: float = 10.0) -> None:
+        self._run_on_loop(self._consume_all, timeout)
+
+    def _run_on_loop(self, action: Any, timeout: float) -> None:
+        conn = self._conn
+        if conn is None:
+            return
+        done = threading.Event()
+        conn.ioloop.add_callback_threadsafe(lambda: action(done.set))
+        if not done.wait(timeout):
+            raise AmqpSourceError(f"the broker did not answer within {timeout:.0f}s while pausing/resuming consumers")
+
+    def _cancel_all(self, finished: Any) -> None:
+        channels = [ch for ch in self._channels.values() if ch.is_open]
+        remaining = [len(channels)]
+        if not channels:
+            finished()
+
+        def one_done(_: Any) -> None:
+            remaining[0] -= 1
+            if remaining[0] == 0:
+                finished()
+
+        for ch in channels:
+            ch.basic_cancel(ch.amqp_consumer_tag, callback=one_done)
+
+    def _consume_all(self, finished: Any) -> None:
+        for ch in self._channels.values():
+            if ch.is_open:
+                ch.amqp_consumer_tag = ch.basic_consume(ch.amqp_queue, ch.amqp_on_message, auto_ack=False)
+        finished()
+
     def stop(self, timeout: float = 5.0) -> None:
         """Close channels cleanly so unacked deliveries go back to their queues at once."""
         self._stopping = True
@@ -202,7 +238,10 @@ class ConsumerSession:
                     Delivery(session, queue, method.delivery_tag, method.redelivered, method.exchange, method.routing_key, props, body)
                 )
 
-            channel.basic_consume(queue, on_message, auto_ack=False, callback=lambda _: self._now_consuming(queue))
+            channel.amqp_on_message = on_message
+            channel.amqp_consumer_tag = channel.basic_consume(
+                queue, on_message, auto_ack=False, callback=lambda _: self._now_consuming(queue)
+            )
 
         channel.basic_qos(prefetch_count=self.options.prefetch, callback=consume)
 

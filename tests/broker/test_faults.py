@@ -192,3 +192,11 @@ def _try_connect(url: str) -> pika.BlockingConnection | None:
         return connect(url, connection_attempts=1)
     except pika.exceptions.AMQPConnectionError:
         return None
+
+
+def test_drop_connections_by_client_name(embedded: EmbeddedBroker) -> None:
+    _queue(embedded).close()
+    mine = connect(embedded.url, client_properties={"connection_name": "victim"})
+    other = connect(embedded.url)
+    assert embedded.drop_connections(name_contains="victim") == 1
+    assert _alive(other) and not _alive(mine)

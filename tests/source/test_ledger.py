@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+
 import pika
 
 from spark_amqp.source.ledger import UNPLANNED, Entry, RedeliveryFilter, SessionLedger, fingerprint
@@ -71,3 +73,36 @@ def test_entries_expire() -> None:
     filt.session_lost([_entry(1, 1)], [])
     filt.expire()
     assert len(filt) == 0 and filt.match(_d(5, redelivered=True)) is None
+
+
+def test_deliveries_after_a_session_loss_in_the_same_pump_are_kept() -> None:
+    """Regression: a lost session and the next session's deliveries drained together."""
+    from spark_amqp.options import parse_source_options
+    from spark_amqp.source.runtime import SourceRuntime
+    from spark_amqp.source.session import SessionClosed
+
+    class FakeSession:
+        def __init__(self) -> None:
+            self.inbox: collections.deque = collections.deque()  # type: ignore[type-arg]
+            self.acks: list[tuple[str, int]] = []
+
+        def ack(self, session: str, tag: int) -> None:
+            self.acks.append((session, tag))
+
+        def check(self) -> None:
+            pass
+
+    runtime = SourceRuntime(parse_source_options({"uri": "amqp://h/", "queue": "q"}))
+    fake = FakeSession()
+    runtime.session = fake  # type: ignore[assignment]
+    fake.inbox.extend(_d(t, body=b"%d" % t, session="s.1") for t in range(1, 4))
+    runtime._pump()
+    fake.inbox.append(SessionClosed("s.1", "q", "dropped"))
+    fake.inbox.extend(_d(t, body=b"%d" % t, redelivered=True, session="s.2") for t in range(1, 4))
+    fake.inbox.append(_d(4, body=b"new", session="s.2"))
+    end = runtime.latest_offset(None, None)
+    assert end["queues"]["q"] == {"session": "s.2", "tag": 4}
+    rows = [e.delivery.body for e in runtime.ledgers["s.2"].unacked]
+    assert rows == [b"1", b"2", b"3", b"new"] and not runtime.buffer
+    runtime.latest_offset(end, None)  # the batch is committed by now
+    assert fake.acks == [("s.2", 4)]

@@ -1,0 +1,287 @@
+"""The source under Spark: exact counts, acks only after commit, failures, restarts. Both brokers."""
+
+from __future__ import annotations
+
+import datetime
+import glob
+import threading
+import time
+
+import pika
+import pytest
+
+from spark_amqp.broker import EmbeddedBroker
+from spark_amqp.source.arrow import SCHEMA_DDL
+
+from ..broker.helpers import wait_for
+from ..brokers import counts, publish
+
+pytestmark = pytest.mark.spark
+
+
+def _stream(spark, url: str, queue: str, **options: object):  # type: ignore[no-untyped-def]
+    reader = spark.readStream.format("amqp").option("uri", url).option("queue", queue)
+    for key, value in options.items():
+        reader = reader.option(key, str(value))
+    return reader.load()
+
+
+def _rows(spark, path) -> list:  # type: ignore[no-untyped-def,type-arg]
+    if not glob.glob(f"{path}/*.parquet"):
+        return []
+    # The file sink's own log decides which files are committed; the schema is the source's.
+    return spark.read.schema(SCHEMA_DDL).parquet(str(path)).collect()
+
+
+def test_round_trip_exactly_n_rows_and_every_field(spark, amqp_url: str, names, embedded_or_none, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    q = names.queue()
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    ch = conn.channel()
+    ch.queue_declare(q)
+    ch.confirm_delivery()
+    full = pika.BasicProperties(
+        content_type="application/octet-stream",
+        content_encoding="identity",
+        headers={"s": "v", "i": 5, "b": True, "nested": {"k": [1, 2]}},
+        delivery_mode=2,
+        priority=4,
+        correlation_id="corr",
+        reply_to="replies",
+        expiration="600000",
+        message_id="full",
+        timestamp=1_700_000_000,
+        type="kind",
+        user_id="guest",
+        app_id="tests",
+    )
+    big = bytes(range(256)) * 4096
+    ch.basic_publish("", q, b"\x00\xffbinary", full)
+    ch.basic_publish("", q, b"", pika.BasicProperties(message_id="empty"))
+    ch.basic_publish("", q, big, pika.BasicProperties(message_id="big"))
+    for i in range(297):
+        ch.basic_publish("", q, b"m%d" % i, pika.BasicProperties(message_id=f"m{i}"))
+    conn.close()
+
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    df = _stream(spark, amqp_url, q, maxMessagesPerTrigger=120)
+    query = (
+        df.writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start()
+    )
+    assert query.awaitTermination(180)
+    assert query.exception() is None
+    rows = {r["message_id"]: r for r in _rows(spark, out)}
+    assert len(_rows(spark, out)) == 300 and len(rows) == 300
+    f = rows["full"]
+    assert bytes(f["body"]) == b"\x00\xffbinary" and f["queue"] == q and f["exchange"] == "" and f["routing_key"] == q
+    assert (f["content_type"], f["content_encoding"], f["correlation_id"], f["reply_to"]) == (
+        "application/octet-stream",
+        "identity",
+        "corr",
+        "replies",
+    )
+    assert (f["expiration"], f["type"], f["user_id"], f["app_id"], f["priority"], f["delivery_mode"]) == (
+        "600000",
+        "kind",
+        "guest",
+        "tests",
+        4,
+        2,
+    )
+    assert f["timestamp"] == datetime.datetime(2023, 11, 14, 22, 13, 20)
+    assert f["headers"] == {"s": "v", "i": "5", "b": "true", "nested": '{"k":[1,2]}'}
+    assert f["redelivered"] is False and f["delivery_tag"] >= 1
+    assert bytes(rows["empty"]["body"]) == b"" and bytes(rows["big"]["body"]) == big
+    # The last batch of an AvailableNow run is acked too (Spark never commits it).
+    assert wait_for(lambda: counts(amqp_url, q, embedded_or_none) == (0, 0), timeout=20)
+
+
+def test_failed_batch_is_not_acked_and_arrives_after_restart(spark, amqp_url: str, names, embedded_or_none, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    q = names.queue()
+    publish(amqp_url, q, [b"m%d" % i for i in range(60)], message_id=lambda i: f"id{i}")
+    ckpt = tmp_path / "ckpt"
+
+    def fail(batch_df, batch_id):  # type: ignore[no-untyped-def]
+        if batch_df.count():
+            raise RuntimeError("sink down")
+
+    query = _stream(spark, amqp_url, q).writeStream.foreachBatch(fail).option("checkpointLocation", str(ckpt)).start()
+    with pytest.raises(Exception, match="sink down"):
+        query.awaitTermination(120)
+    # The failed batch was never committed: every message is back in the queue, none acked.
+    assert wait_for(lambda: counts(amqp_url, q, embedded_or_none) == (60, 0), timeout=30)
+
+    out = tmp_path / "out"
+    query = (
+        _stream(spark, amqp_url, q).writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(ckpt)).start()
+    )
+    try:
+        wait_for(lambda: len(_rows(spark, out)) >= 60, timeout=120, interval=1)
+        time.sleep(2)
+        rows = _rows(spark, out)
+        assert sorted(r["message_id"] for r in rows) == sorted(f"id{i}" for i in range(60))
+        assert all(r["redelivered"] for r in rows)
+        wait_for(lambda: counts(amqp_url, q, embedded_or_none) == (0, 0), timeout=30)
+    finally:
+        query.stop()
+
+
+def test_idle_stream_acks_its_last_batch_while_running(spark, amqp_url: str, names, embedded_or_none, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    q = names.queue()
+    publish(amqp_url, q, [b"m%d" % i for i in range(40)], message_id=lambda i: f"id{i}")
+    out = tmp_path / "out"
+    query = (
+        _stream(spark, amqp_url, q)
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(tmp_path / "c"))
+        .start()
+    )
+    try:
+        wait_for(lambda: len(_rows(spark, out)) >= 40, timeout=120, interval=0.5)
+        # Nothing new arrives, so Spark never calls commit for the last batch; acks still happen.
+        assert wait_for(lambda: counts(amqp_url, q, embedded_or_none) == (0, 0), timeout=15)
+        assert query.isActive
+        assert len(_rows(spark, out)) == 40
+    finally:
+        query.stop()
+
+
+def test_several_queues_in_one_stream_including_quorum(spark, amqp_url: str, names, embedded_or_none, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    classic, quorum = names.queue("classic"), names.queue("quorum")
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    ch = conn.channel()
+    ch.queue_declare(classic)
+    ch.queue_declare(quorum, durable=True, arguments={"x-queue-type": "quorum"})
+    conn.close()
+    publish(amqp_url, classic, [b"c"] * 25, declare=False, message_id=lambda i: f"c{i}")
+    publish(amqp_url, quorum, [b"q"] * 35, declare=False, message_id=lambda i: f"q{i}")
+    out = tmp_path / "out"
+    df = _stream(spark, amqp_url, f"{classic},{quorum}")
+    query = (
+        df.writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(tmp_path / "c"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(180)
+    rows = _rows(spark, out)
+    by_queue: dict[str, int] = {}
+    for r in rows:
+        by_queue[r["queue"]] = by_queue.get(r["queue"], 0) + 1
+    assert by_queue == {classic: 25, quorum: 35}
+    assert all(r["headers"]["x-delivery-count"] == "0" for r in rows if r["queue"] == quorum)
+    assert wait_for(
+        lambda: counts(amqp_url, classic, embedded_or_none) == (0, 0) and counts(amqp_url, quorum, embedded_or_none) == (0, 0), timeout=20
+    )
+
+
+def test_bad_input_fails_the_query_with_a_clear_error(spark, amqp_url: str, names, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(Exception, match="(?i)unknown option 'prefetchCount'; valid options are: .*prefetch"):
+        _stream(spark, amqp_url, "q", prefetchCount=10)  # fails at load(), before any query starts
+    query = (
+        _stream(spark, amqp_url, "test.no.such.queue").writeStream.format("noop").option("checkpointLocation", str(tmp_path / "a")).start()
+    )
+    with pytest.raises(Exception, match=r"queue 'test.no.such.queue'.*404"):
+        query.awaitTermination(120)
+    q = names.queue()
+    publish(amqp_url, q, [])
+    query = (
+        _stream(spark, amqp_url, q, password="wrong-secret")
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "b"))
+        .start()
+    )
+    with pytest.raises(Exception, match="refused the login of user 'guest'") as info:
+        query.awaitTermination(120)
+    assert "wrong-secret" not in str(info.value)
+
+
+@pytest.mark.embedded_only
+def test_password_never_reaches_plans_offsets_checkpoints_or_logs(spark, tmp_path, capsys, caplog) -> None:  # type: ignore[no-untyped-def]
+    secret = "Sup3r-Secret-Pw"
+    with EmbeddedBroker(user="svc", password=secret) as broker:
+        publish(broker.url, "q", [b"x"] * 5)
+        plain_uri = broker.url.replace(f"svc:{secret}@", "svc@")
+        df = _stream(spark, plain_uri, "q", password=secret)
+        df.explain(True)
+        ckpt = tmp_path / "ckpt"
+        query = df.writeStream.format("noop").option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start()
+        assert query.awaitTermination(120) and query.exception() is None
+        assert query.recentProgress and secret not in str(query.recentProgress)
+        # A password inside the uri: Spark prints option values unless told to redact them.
+        spark.conf.set("spark.sql.redaction.options.regex", "(?i)url|uri")
+        try:
+            _stream(spark, broker.url, "q").explain(True)
+        finally:
+            spark.conf.unset("spark.sql.redaction.options.regex")
+        printed = capsys.readouterr()
+        assert "amqp" in printed.out and secret not in printed.out + printed.err
+        assert secret not in caplog.text
+        files = [p for p in ckpt.rglob("*") if p.is_file()]
+        assert any(p.parent.name == "offsets" for p in files)
+        assert all(secret.encode() not in p.read_bytes() for p in files)
+
+
+@pytest.mark.embedded_only
+def test_consumer_timeout_with_a_longer_trigger_interval(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with EmbeddedBroker(consumer_timeout_ms=2000) as broker:
+        publish(broker.url, "q", [b"m%d" % i for i in range(30)], message_id=lambda i: f"id{i}")
+        out = tmp_path / "out"
+        query = (
+            _stream(spark, broker.url, "q", maxMessagesPerTrigger=10, prefetch=20)
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(tmp_path / "c"))
+            .trigger(processingTime="4 seconds")
+            .start()
+        )
+        try:
+            wait_for(lambda: len(_rows(spark, out)) >= 30, timeout=150, interval=1)
+            wait_for(lambda: broker.queue_stats("q") == {"ready": 0, "unacked": 0, "consumers": 1}, timeout=30)
+            rows = _rows(spark, out)
+            assert sorted(r["message_id"] for r in rows) == sorted(f"id{i}" for i in range(30))
+        finally:
+            query.stop()
+
+
+@pytest.mark.embedded_only
+def test_connection_dropped_mid_stream(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with EmbeddedBroker(consumer_timeout_ms=None) as broker:
+        publish(broker.url, "q", [])
+        total = 600
+        done = threading.Event()
+
+        def producer() -> None:
+            conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+            ch = conn.channel()
+            ch.confirm_delivery()
+            for i in range(total):
+                ch.basic_publish("", "q", b"m", pika.BasicProperties(message_id=f"id{i}"))
+                if i % 50 == 0:
+                    time.sleep(0.2)
+            conn.close()
+            done.set()
+
+        out = tmp_path / "out"
+        query = (
+            _stream(spark, broker.url, "q", maxMessagesPerTrigger=100, prefetch=300)
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(tmp_path / "c"))
+            .start()
+        )
+        try:
+            wait_for(lambda: broker.queue_stats("q")["consumers"] == 1, timeout=120)
+            threading.Thread(target=producer, daemon=True).start()
+            for _ in range(3):
+                time.sleep(1.5)
+                assert broker.drop_connections(name_contains="spark-amqp source") >= 1
+            assert done.wait(120)
+            wait_for(lambda: len(_rows(spark, out)) >= total, timeout=120, interval=1)
+            wait_for(lambda: broker.queue_stats("q")["unacked"] == 0 and broker.queue_stats("q")["ready"] == 0, timeout=30)
+            time.sleep(2)
+            ids = [r["message_id"] for r in _rows(spark, out)]
+            assert len(ids) == total and len(set(ids)) == total
+        finally:
+            query.stop()

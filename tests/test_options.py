@@ -1,0 +1,103 @@
+"""Option parsing: every bad input is a clear error naming the option, without the password."""
+
+from __future__ import annotations
+
+import pytest
+
+from spark_amqp.errors import AmqpOptionError
+from spark_amqp.options import parse_source_options
+
+BASE = {"uri": "amqp://alice:s3cret-pw@rabbit.example:5673/prod", "queue": "orders"}
+
+
+def _parse(**extra: str):  # type: ignore[no-untyped-def]
+    return parse_source_options({**BASE, **extra})
+
+
+def test_defaults_and_uri_parts() -> None:
+    o = _parse()
+    c = o.connection
+    assert (c.host, c.port, c.vhost, c.username, c.password) == ("rabbit.example", 5673, "prod", "alice", "s3cret-pw")
+    assert c.tls is None and c.heartbeat == 60 and c.connection_timeout == 30.0
+    assert o.queues == ("orders",) and o.prefetch >= 2 * o.max_messages_per_trigger and o.declaration is None
+
+
+def test_password_option_overrides_and_never_shows() -> None:
+    o = parse_source_options({"uri": "amqp://alice@h/%2F", "queue": "q", "password": "from-option"})
+    assert o.connection.password == "from-option" and o.connection.vhost == "/"
+    assert "from-option" not in repr(o) and "from-option" not in o.connection.display_uri
+    assert "s3cret-pw" not in repr(_parse()) and _parse().connection.display_uri == "amqp://alice@rabbit.example:5673/prod"
+
+
+def test_keys_are_case_insensitive_and_several_queues_split() -> None:
+    o = parse_source_options({"URI": BASE["uri"], "Queue": " a , b ", "MAXMESSAGESPERTRIGGER": "10"})
+    assert o.queues == ("a", "b") and o.max_messages_per_trigger == 10
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        ({"queues": "x"}, "unknown option 'queues'; valid options are: "),
+        ({"prefetch": "ten"}, "option 'prefetch' must be a whole number, got 'ten'"),
+        ({"prefetch": "70000"}, "option 'prefetch' must be between 1 and 65535"),
+        ({"maxMessagesPerTrigger": "0"}, "option 'maxMessagesPerTrigger' must be at least 1"),
+        ({"maxMessagesPerTrigger": "5000", "prefetch": "6000"}, "'prefetch' (6000) must be at least twice 'maxMessagesPerTrigger' (5000)"),
+        ({"numPartitions": "-2"}, "option 'numPartitions' must be between 1"),
+        ({"heartbeat": "1.5"}, "option 'heartbeat' must be a whole number"),
+        ({"connectionTimeout": "soon"}, "option 'connectionTimeout' must be a number"),
+        ({"queue": "a,,b"}, "option 'queue' has an empty name"),
+        ({"queue": "a,a"}, "names a queue twice"),
+        ({"queue": " "}, "option 'queue' is required"),
+        ({"tls.caFile": "/ca.pem"}, "tls.* options need an amqps:// uri"),
+        ({"queueDurable": "true"}, "only apply with declareQueue=true"),
+        ({"declareQueue": "maybe"}, "option 'declareQueue' must be true or false"),
+        ({"declareQueue": "true", "queueArguments": "[1]"}, "option 'queueArguments' must be a JSON object"),
+        ({"declareQueue": "true", "queueArguments": "{bad"}, "option 'queueArguments' must be a JSON object"),
+    ],
+)
+def test_bad_options(extra: dict[str, str], fragment: str) -> None:
+    with pytest.raises(AmqpOptionError) as info:
+        _parse(**extra)
+    assert fragment in str(info.value)
+    assert "s3cret-pw" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("uri", "fragment"),
+    [
+        ("http://alice:s3cret-pw@host/", "must start with amqp:// or amqps://"),
+        ("amqp://alice:s3cret-pw@host:notaport/", "not a valid AMQP URI"),
+        ("amqp://alice:s3cret-pw@/vhost", "has no host"),
+        ("amqp://alice:s3cret-pw@host/v?heartbeat=5", "must not carry query parameters"),
+        ("", "option 'uri' is required"),
+    ],
+)
+def test_malformed_uris_name_the_option_and_hide_the_password(uri: str, fragment: str) -> None:
+    with pytest.raises(AmqpOptionError) as info:
+        parse_source_options({"uri": uri, "queue": "q"})
+    assert fragment in str(info.value) and "s3cret-pw" not in str(info.value)
+
+
+def test_missing_queue_option() -> None:
+    with pytest.raises(AmqpOptionError, match="option 'queue' is required"):
+        parse_source_options({"uri": "amqp://h/"})
+
+
+def test_tls_and_declaration() -> None:
+    o = parse_source_options(
+        {
+            "uri": "amqps://u@h/v",
+            "queue": "q",
+            "tls.caFile": "/ca.pem",
+            "tls.checkHostname": "false",
+            "declareQueue": "true",
+            "queueArguments": '{"x-queue-type": "quorum"}',
+            "bindExchange": "events",
+            "bindingKey": "orders.#",
+        }
+    )
+    assert o.connection.port == 5671 and o.connection.tls is not None and not o.connection.tls.check_hostname
+    assert o.declaration is not None and o.declaration.arguments == {"x-queue-type": "quorum"}
+    assert (o.declaration.exchange, o.declaration.binding_key, o.declaration.durable) == ("events", "orders.#", True)
+    with pytest.raises(AmqpOptionError, match="'tls.certFile' and 'tls.keyFile' go together"):
+        parse_source_options({"uri": "amqps://u@h/v", "queue": "q", "tls.certFile": "/c.pem"})
