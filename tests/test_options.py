@@ -99,5 +99,5 @@ def test_tls_and_declaration() -> None:
     assert o.connection.port == 5671 and o.connection.tls is not None and not o.connection.tls.check_hostname
     assert o.declaration is not None and o.declaration.arguments == {"x-queue-type": "quorum"}
     assert (o.declaration.exchange, o.declaration.binding_key, o.declaration.durable) == ("events", "orders.#", True)
-    with pytest.raises(AmqpOptionError, match="'tls.certFile' and 'tls.keyFile' go together"):
+    with pytest.raises(AmqpOptionError, match=r"'tls\.certFile' and 'tls\.keyFile' go together"):
         parse_source_options({"uri": "amqps://u@h/v", "queue": "q", "tls.certFile": "/c.pem"})

@@ -170,17 +170,19 @@ class Queue:
                 self._dead_letter(self, message, "expired")
                 idx -= 1
                 continue
-            consumer.deliver(self, self._prepare(message))
+            consumer.deliver(self, self._prepare(message, via_get=False))
         self._rr = idx % n
 
     def get(self) -> Message | None:
         self.expire_head()
         if not self.ready:
             return None
-        return self._prepare(self.ready.popleft())
+        return self._prepare(self.ready.popleft(), via_get=True)
 
-    def _prepare(self, message: Message) -> Message:
-        if self.is_quorum:  # RabbitMQ 3.10 stamps every quorum delivery, 0 on the first
+    def _prepare(self, message: Message, via_get: bool) -> Message:
+        # RabbitMQ 3.10 quorum queues stamp x-delivery-count on redeliveries, and on
+        # every basic.get (0 the first time) but not on a first basic.deliver.
+        if self.is_quorum and (message.deliveries or via_get):
             message.header = with_delivery_count(message.header, message.deliveries)
         message.deliveries += 1
         return message

@@ -242,8 +242,10 @@ class SourceRuntime:
                 taken.append(entry)
             else:
                 kept.append(entry)  # beyond this run's target: stays unacked, returns to the queue
+        # Skipped entries go back in front, in place (_pump holds this deque).
         kept.extend(buffer)
-        buffer.extend(kept)  # buffer is empty here; refill in place
+        buffer.clear()
+        buffer.extend(kept)
         if not taken:
             self._check_drained()
         return taken

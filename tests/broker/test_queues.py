@@ -7,7 +7,7 @@ import time
 import pika
 import pytest
 
-from .helpers import connect, drain, ready_count, wait_for
+from .helpers import connect, consume_n, drain, ready_count, wait_for
 
 
 @pytest.fixture
@@ -258,6 +258,18 @@ class TestQuorum:
         with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as info:
             ch.basic_consume(q, lambda *a: None)
         assert info.value.reply_code == 540 and "global qos" in info.value.reply_text
+
+    def test_first_consumer_delivery_has_no_delivery_count(self, conn, names) -> None:  # type: ignore[no-untyped-def]
+        ch = conn.channel()
+        q = names.queue()
+        ch.queue_declare(q, durable=True, arguments={"x-queue-type": "quorum"})
+        ch.confirm_delivery()
+        ch.basic_publish("", q, b"m")
+        method, props, _ = consume_n(conn, ch, q, 1)[0]
+        assert method.redelivered is False and props.headers is None
+        ch.basic_nack(method.delivery_tag, requeue=True)
+        method, props, _ = consume_n(conn, ch, q, 1)[0]
+        assert method.redelivered is True and props.headers == {"x-delivery-count": 1}
 
     def test_redelivery_carries_delivery_count(self, amqp_url: str, conn, names) -> None:  # type: ignore[no-untyped-def]
         ch = conn.channel()

@@ -231,3 +231,18 @@ def test_broker_refusing_connections_is_retried(embedded: EmbeddedBroker) -> Non
         assert len(rows) == 10 and _unique(rows)
     finally:
         d.close()
+
+
+def test_available_now_with_a_small_target_keeps_the_rest_unplanned_once(embedded: EmbeddedBroker) -> None:
+    publish(embedded.url, "q", [b"m%d" % i for i in range(12)], message_id=lambda i: f"id-{i}")
+    d = MicroBatchDriver(embedded.url, "q", maxMessagesPerTrigger=5, prefetch=40)
+    try:
+        d.runtime.ensure_started()
+        d.idle_until(lambda: len(d.runtime.buffer) == 12)
+        d.runtime.available_now = {"q": 7}
+        while (planned := d.plan(max_rows=5, wait=0.3)) is not None:
+            d.run_batch(*planned)
+        assert [r["message_id"] for r in d.rows] == [f"id-{i}" for i in range(7)]
+        assert [e.delivery.props.message_id for e in d.runtime.buffer] == [f"id-{i}" for i in range(7, 12)]
+    finally:
+        d.close()
