@@ -15,6 +15,7 @@ import base64
 import datetime
 import decimal
 import json
+import operator
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -91,30 +92,51 @@ def _jsonable(value: Any) -> Any:
     return render_header(value)
 
 
-def _column(values: list[Any], kind: pa.DataType) -> pa.Array:
-    if all(v is None for v in values):
-        return pa.nulls(len(values), kind)
-    return pa.array(values, kind)
+_PROPERTY_GETTER = operator.attrgetter(*STRING_PROPERTIES, "priority", "delivery_mode", "timestamp", "headers")
+_ROW_GETTER = operator.attrgetter("body", "queue", "exchange", "routing_key", "tag", "redelivered", "props")
 
 
 def to_record_batch(rows: Sequence[Delivery]) -> pa.RecordBatch:
-    props = [r.props for r in rows]
-    timestamps = [p.timestamp for p in props]
-    headers = [None if p.headers is None else [(str(k), render_header(v)) for k, v in p.headers.items()] for p in props]
+    n = len(rows)
+    # Transpose in C: one attrgetter call per row, then zip; most properties are
+    # absent, and an all-null column costs nothing to build.
+    bodies, queues, exchanges, keys, tags, redelivered, props = zip(*map(_ROW_GETTER, rows), strict=True)
+    prop_columns = list(zip(*map(_PROPERTY_GETTER, props), strict=True))
+    *strings, priorities, modes, timestamps, headers = prop_columns
     columns = [
-        pa.array([r.body for r in rows], pa.binary()),
-        pa.array([r.queue for r in rows], pa.string()),
-        pa.array([r.exchange for r in rows], pa.string()),
-        pa.array([r.routing_key for r in rows], pa.string()),
-        pa.array([r.tag for r in rows], pa.int64()),
-        pa.array([r.redelivered for r in rows], pa.bool_()),
-        *[_column([getattr(p, name) for p in props], pa.string()) for name in STRING_PROPERTIES],
-        _column([p.priority for p in props], pa.int32()),
-        _column([p.delivery_mode for p in props], pa.int32()),
-        _column([None if t is None else t * 1_000_000 for t in timestamps], pa.int64()).cast(pa.timestamp("us", tz="UTC")),
-        _column(headers, HEADERS_TYPE),
+        pa.array(bodies, pa.binary()),
+        pa.array(queues, pa.string()),
+        pa.array(exchanges, pa.string()),
+        pa.array(keys, pa.string()),
+        pa.array(tags, pa.int64()),
+        pa.array(redelivered, pa.bool_()),
+        *[_column(values, pa.string(), n) for values in strings],
+        _column(priorities, pa.int32(), n),
+        _column(modes, pa.int32(), n),
+        _timestamps(timestamps, n),
+        _headers(headers, n),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+
+
+def _column(values: Sequence[Any], kind: pa.DataType, n: int) -> pa.Array:
+    if values.count(None) == n:
+        return pa.nulls(n, kind)
+    return pa.array(values, kind)
+
+
+def _timestamps(values: Sequence[int | None], n: int) -> pa.Array:
+    kind = pa.timestamp("us", tz="UTC")
+    if values.count(None) == n:
+        return pa.nulls(n, kind)
+    return pa.array([None if t is None else t * 1_000_000 for t in values], pa.int64()).cast(kind)
+
+
+def _headers(values: Sequence[dict[str, Any] | None], n: int) -> pa.Array:
+    if values.count(None) == n:
+        return pa.nulls(n, HEADERS_TYPE)
+    rendered = [None if h is None else [(str(k), render_header(v)) for k, v in h.items()] for h in values]
+    return pa.array(rendered, HEADERS_TYPE)
 
 
 def to_ipc(batch: pa.RecordBatch) -> bytes:

@@ -33,7 +33,7 @@ from .session import AckConfirmed, ConsumerSession, Delivery, SessionClosed
 log = logging.getLogger("spark_amqp.source")
 
 RUNNER_MODULE = "pyspark.sql.streaming.python_streaming_source_runner"
-AUTO_PARTITION_ROWS = 10_000
+AUTO_PARTITION_ROWS = 25_000
 IDLE_RECHECK_SECONDS = 0.5
 
 
@@ -113,9 +113,18 @@ class SourceRuntime:
         origin = AmqpSourceOffset.from_json(start) if start else self.last_end
         limit = self.options.max_messages_per_trigger if max_rows is None else max_rows
         taken = self._take(limit)
-        if not taken:
-            if self.available_now is not None and not any(self.available_now.values()):
+        if self.available_now is not None:
+            # Trigger.AvailableNow ends the run at the first latestOffset that
+            # returns its start, so wait for data until the target is reached.
+            while not taken and any(self.available_now.values()):
+                session.check()
+                time.sleep(0.01)
+                self._pump()
+                self._acknowledge()
+                taken = self._take(limit)
+            if not taken:
                 self._await_acks(session)
+        if not taken:
             return origin.to_json()
         end = self._plan(origin, taken)
         self.last_end = end

@@ -106,3 +106,29 @@ def test_deliveries_after_a_session_loss_in_the_same_pump_are_kept() -> None:
     assert rows == [b"1", b"2", b"3", b"new"] and not runtime.buffer
     runtime.latest_offset(end, None)  # the batch is committed by now
     assert fake.acks == [("s.2", 4)]
+
+
+def test_available_now_waits_for_data_instead_of_ending_the_run() -> None:
+    """Regression: returning the start offset ends a Trigger.AvailableNow run early."""
+    import threading
+
+    from spark_amqp.options import parse_source_options
+    from spark_amqp.source.runtime import SourceRuntime
+
+    class FakeSession:
+        inbox: collections.deque = collections.deque()  # type: ignore[type-arg]
+
+        def ack(self, session: str, tag: int) -> None:
+            pass
+
+        def check(self) -> None:
+            pass
+
+    runtime = SourceRuntime(parse_source_options({"uri": "amqp://h/", "queue": "q"}))
+    fake = FakeSession()
+    runtime.session = fake  # type: ignore[assignment]
+    runtime.available_now = {"q": 2}
+    threading.Timer(0.3, lambda: fake.inbox.extend([_d(1), _d(2)])).start()
+    end = runtime.latest_offset(None, None)
+    assert end["queues"]["q"]["tag"] == 2
+    assert runtime.latest_offset(end, None) == end  # target reached: now the run may end

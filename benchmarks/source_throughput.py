@@ -1,0 +1,208 @@
+"""Source throughput against a raw pika consumer draining the same load, in the same run.
+
+    AMQP_TEST_URL=amqp://guest:guest@127.0.0.1:5672/%2F python benchmarks/source_throughput.py
+
+For each sink (noop, parquet) it preloads ``--messages`` x 200-byte messages,
+streams them with Trigger.AvailableNow, and divides by the time from the first
+batch's start to the last batch's end (query start-up, 5-9 s on 2 cores, is
+reported apart). The baseline is pika's SelectConnection consumer with prefetch
+1000 and a multi-ack every 1000 on the same queue contents. Then it streams a
+``--backlog`` queue and samples the source runner's resident memory, which
+must stay flat (bounded by the prefetch, not the backlog).
+
+Without AMQP_TEST_URL it runs against the embedded broker in its own process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import pika_baseline as pb  # noqa: E402
+from pyspark.sql.streaming import StreamingQueryListener  # noqa: E402
+
+BODY = b"x" * 200
+RUNNER = "python_streaming_source_runner"
+
+
+def spark_session():  # type: ignore[no-untyped-def]
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.memory", "2g")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def runner_pids() -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if RUNNER.encode() in f.read():
+                        pids.append(int(entry))
+            except OSError:
+                continue
+    return pids
+
+
+class RssSampler:
+    """Samples the source runner's RSS every 0.5 s while a query runs."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> RssSampler:
+        self._start = time.monotonic()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            for pid in runner_pids():
+                with contextlib.suppress(OSError, RuntimeError):
+                    self.samples.append((time.monotonic() - self._start, pb.rss_bytes(pid)))
+
+    @property
+    def peak(self) -> int:
+        return max((rss for _, rss in self.samples), default=0)
+
+
+def stream_once(spark, url: str, queue: str, sink: str, max_per_trigger: int, workdir: str) -> tuple[float, float, int]:  # type: ignore[no-untyped-def]
+    """(processing seconds, wall seconds, rows) for one AvailableNow run."""
+    ckpt = os.path.join(workdir, f"ckpt-{sink}-{time.monotonic_ns()}")
+    df = (
+        spark.readStream.format("amqp")
+        .option("uri", url)
+        .option("queue", queue)
+        .option("maxMessagesPerTrigger", str(max_per_trigger))
+        .option("prefetch", str(min(65535, 2 * max_per_trigger)))
+        .load()
+    )
+    writer = df.writeStream.option("checkpointLocation", ckpt).trigger(availableNow=True)
+    if sink == "parquet":
+        writer = writer.format("parquet").option("path", os.path.join(workdir, f"out-{time.monotonic_ns()}"))
+    else:
+        writer = writer.format("noop")
+    totals = ProgressTotals()
+    spark.streams.addListener(totals)
+    try:
+        start = time.perf_counter()
+        query = writer.start()
+        query.awaitTermination()
+        wall = time.perf_counter() - start
+    finally:
+        time.sleep(1)  # listener events are delivered asynchronously
+        spark.streams.removeListener(totals)
+    if query.exception() is not None:
+        raise RuntimeError(query.exception())
+    return totals.seconds, wall, totals.rows
+
+
+class ProgressTotals(StreamingQueryListener):  # type: ignore[misc]
+    """Rows and batch time over every batch (recentProgress keeps only the last 100)."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.seconds = 0.0
+
+    def onQueryStarted(self, event) -> None:  # type: ignore[no-untyped-def]
+        pass
+
+    def onQueryProgress(self, event) -> None:  # type: ignore[no-untyped-def]
+        progress = event.progress
+        if progress.numInputRows:
+            self.rows += progress.numInputRows
+            self.seconds += progress.durationMs.get("triggerExecution", 0) / 1000.0
+
+    def onQueryIdle(self, event) -> None:  # type: ignore[no-untyped-def]
+        pass
+
+    def onQueryTerminated(self, event) -> None:  # type: ignore[no-untyped-def]
+        pass
+
+
+def preload(url: str, queue: str, count: int) -> None:
+    pb.declare(url, queue)
+    pb.publish_async(url, queue, count, BODY, window=2000)
+
+
+@contextlib.contextmanager
+def broker_url() -> Iterator[tuple[str, str]]:
+    real = os.environ.get("AMQP_TEST_URL")
+    if real:
+        yield real, "RabbitMQ"
+    else:
+        with pb.embedded_broker_process() as (url, _):
+            yield url, "embedded broker"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--max-per-trigger", type=int, default=30_000)
+    parser.add_argument("--backlog", type=int, default=1_000_000, help="messages for the memory check (0 to skip)")
+    args = parser.parse_args()
+    spark = spark_session()
+    workdir = tempfile.mkdtemp(prefix="amqp-bench-")
+    queue = "bench.source"
+    try:
+        with broker_url() as (url, label):
+            print(f"{args.messages} x {len(BODY)} B on {label}; maxMessagesPerTrigger={args.max_per_trigger}")
+            preload(url, queue, args.messages)
+            raw = args.messages / pb.consume(url, queue, args.messages, prefetch=1000, ack_every=1000)
+            preload(url, queue, 20_000)  # warm up the JVM and Python workers; not measured
+            stream_once(spark, url, queue, "noop", args.max_per_trigger, workdir)
+            print(f"raw pika consumer (prefetch 1000, multi-ack/1000): {raw:9.0f} msg/s")
+            for sink in ("noop", "parquet"):
+                preload(url, queue, args.messages)
+                with RssSampler() as rss:
+                    processing, wall, rows = stream_once(spark, url, queue, sink, args.max_per_trigger, workdir)
+                assert rows == args.messages, f"{sink}: read {rows} of {args.messages}"
+                rate = rows / processing
+                print(
+                    f"source -> {sink:8s}: {rate:9.0f} msg/s in batches ({rows / wall:7.0f} msg/s incl. query start-up, {wall:5.1f} s)"
+                    f"  ratio to raw pika {rate / raw:.2f}x  runner peak RSS {rss.peak / 2**20:.0f} MiB"
+                )
+            if args.backlog:
+                preload(url, queue, args.backlog)
+                with RssSampler() as rss:
+                    processing, wall, rows = stream_once(spark, url, queue, "noop", args.max_per_trigger, workdir)
+                assert rows == args.backlog, f"backlog: read {rows} of {args.backlog}"
+                samples = [r for _, r in rss.samples]
+                third = max(1, len(samples) // 3)
+                print(
+                    f"backlog {args.backlog}: {rows / processing:.0f} msg/s; runner RSS first third max "
+                    f"{max(samples[:third]) / 2**20:.0f} MiB, last third max {max(samples[-third:]) / 2**20:.0f} MiB, "
+                    f"peak {rss.peak / 2**20:.0f} MiB (payload {args.backlog * len(BODY) / 2**20:.0f} MiB)"
+                )
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+        spark.stop()
+
+
+if __name__ == "__main__":
+    main()
