@@ -27,8 +27,8 @@ from collections.abc import Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import pika_baseline as pb  # noqa: E402
-from pyspark.sql.streaming import StreamingQueryListener  # noqa: E402
+import pika_baseline as pb
+from pyspark.sql.streaming import StreamingQueryListener
 
 BODY = b"x" * 200
 RUNNER = "python_streaming_source_runner"
