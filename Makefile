@@ -24,6 +24,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
+## The main job: embedded broker -> streaming source -> Parquet, with progress and a summary.
+demo: $(STAMP)
+	$(PY) examples/amqp_stream_demo.py $(DEMO_ARGS)
+
 ## Start a standalone embedded broker on 127.0.0.1:5672.
 broker: $(STAMP)
 	$(PY) -m spark_amqp.broker
