@@ -34,6 +34,7 @@ broker: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/broker_throughput.py
+	$(PY) benchmarks/source_throughput.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
