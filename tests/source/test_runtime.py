@@ -164,8 +164,10 @@ def test_connection_drop_with_a_planned_batch_loses_and_duplicates_nothing(embed
         assert embedded.drop_connections() == 1
         rows = d.drain(40, max_rows=10)
         assert len(rows) == 40 and _unique(rows)
-        assert d.runtime.metrics.redeliveries_dropped >= 10
         d.idle_until(lambda: embedded.queue_stats("q") == {"ready": 0, "unacked": 0, "consumers": 1})
+        # At least the planned batch came back from the broker and was recognised.
+        assert d.runtime.metrics.redeliveries_dropped >= 10
+        assert len(d.rows) == 40
     finally:
         d.close()
 
@@ -199,8 +201,8 @@ def test_consumer_timeout_with_slow_batches_loses_and_duplicates_nothing() -> No
             time.sleep(2.2)  # a long trigger interval: consumer_timeout closes the channel
             rows = d.drain(30, max_rows=10)
             assert len(rows) == 30 and _unique(rows)
-            assert d.runtime.metrics.sessions_lost >= 1
             d.idle_until(lambda: broker.queue_stats("q") == {"ready": 0, "unacked": 0, "consumers": 1})
+            assert d.runtime.metrics.sessions_lost >= 1 and len(d.rows) == 30
         finally:
             d.close()
 
