@@ -92,7 +92,17 @@ def _jsonable(value: Any) -> Any:
     return render_header(value)
 
 
-_PROPERTY_GETTER = operator.attrgetter(*STRING_PROPERTIES, "priority", "delivery_mode", "timestamp", "headers")
+PROPERTY_FIELDS = (*STRING_PROPERTIES, "priority", "delivery_mode", "timestamp", "headers")
+_PROPERTY_GETTER = operator.attrgetter(*PROPERTY_FIELDS)
+
+
+def _property_rows(props: Sequence[Any]) -> Iterator[tuple[Any, ...]]:
+    # LazyProperties know their values without thirteen attribute look-ups.
+    if props and hasattr(props[0], "arrow_row"):
+        return (p.arrow_row() for p in props)
+    return map(_PROPERTY_GETTER, props)
+
+
 _ROW_GETTER = operator.attrgetter("body", "queue", "exchange", "routing_key", "tag", "redelivered", "props")
 
 
@@ -101,7 +111,7 @@ def to_record_batch(rows: Sequence[Delivery]) -> pa.RecordBatch:
     # Transpose in C: one attrgetter call per row, then zip; most properties are
     # absent, and an all-null column costs nothing to build.
     bodies, queues, exchanges, keys, tags, redelivered, props = zip(*map(_ROW_GETTER, rows), strict=True)
-    prop_columns = list(zip(*map(_PROPERTY_GETTER, props), strict=True))
+    prop_columns = list(zip(*_property_rows(props), strict=True))
     *strings, priorities, modes, timestamps, headers = prop_columns
     columns = [
         pa.array(bodies, pa.binary()),

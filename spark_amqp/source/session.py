@@ -1,28 +1,31 @@
 """``ConsumerSession``: the source runner's one connection, on a background I/O thread.
 
 One channel per queue, manual acks, a per-consumer prefetch. The I/O thread
-owns pika; the runner thread talks to it only through ``inbox`` (deliveries and
-events, in order) and ``ack`` (scheduled onto the I/O loop). A channel or
-connection that dies is reopened with backoff under a new session id, so a
-delivery tag is only ever acknowledged on the channel that delivered it.
+runs an asyncio loop that owns the socket (``AmqpClient``); the runner thread
+talks to it only through ``inbox`` (deliveries and events, in order) and
+``ack`` (scheduled onto the loop). A channel or connection that dies is
+reopened with backoff under a new session id, so a delivery tag is only ever
+acknowledged on the channel that delivered it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
 import threading
-import time
 from collections import deque
-from typing import Any, NamedTuple
+from collections.abc import Awaitable, Callable
+from typing import Any, NamedTuple, TypeVar
 
-import pika
-import pika.exceptions
+from pamqp import commands
 
-from ..connection import pika_parameters
 from ..errors import AmqpSourceError, reply_name
 from ..options import SourceOptions
+from .client import AmqpClient, ClientChannel, ConnectionLost, LazyProperties, LoginRefused, ServerClosedChannel
 
 log = logging.getLogger("spark_amqp.source")
+T = TypeVar("T")
 
 
 class Delivery(NamedTuple):
@@ -34,7 +37,7 @@ class Delivery(NamedTuple):
     redelivered: bool
     exchange: str
     routing_key: str
-    props: Any  # pika.BasicProperties
+    props: Any  # LazyProperties (or anything with pika's BasicProperties attribute names)
     body: bytes
 
 
@@ -56,6 +59,16 @@ MAX_BACKOFF = 10.0
 FATAL_CHANNEL_CODES = {403: "access refused", 404: "not found", 405: "locked by an exclusive consumer or owner"}
 
 
+class _Consumer:
+    """One queue's channel and subscription."""
+
+    def __init__(self, channel: ClientChannel, session: str, queue: str) -> None:
+        self.channel = channel
+        self.session = session
+        self.queue = queue
+        self.tag = ""
+
+
 class ConsumerSession:
     def __init__(self, options: SourceOptions, run_id: str) -> None:
         self.options = options
@@ -66,20 +79,23 @@ class ConsumerSession:
         self._stopping = False
         self._started = threading.Event()
         self._thread: threading.Thread | None = None
-        self._conn: pika.SelectConnection | None = None
-        self._channels: dict[str, Any] = {}  # session id -> open pika channel
-        self._consuming: set[str] = set()  # queues with an active consumer
-        self._backoff = MIN_BACKOFF
-        self._ever_connected = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client: AmqpClient | None = None
+        self._consumers: dict[str, _Consumer] = {}  # session id -> consumer
+        self._consuming: set[str] = set()
         self._last_error = ""
+        self._main: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Future[None]] = set()
 
     # -- runner-thread API ------------------------------------------------
 
     def start(self) -> None:
         """Connect and start consuming every queue; raise a clear error if that cannot work."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="amqp-source-io", daemon=True)
+            ready = threading.Event()
+            self._thread = threading.Thread(target=self._thread_main, args=(ready,), name="amqp-source-io", daemon=True)
             self._thread.start()
+            ready.wait()
         timeout = self.options.connection.connection_timeout + 5
         if not self._started.wait(timeout):
             self.check()
@@ -95,221 +111,206 @@ class ConsumerSession:
 
     def ack(self, session: str, tag: int) -> None:
         """Multi-ack up to ``tag`` on ``session``'s channel, if that channel is still alive."""
-        conn = self._conn
-        if conn is not None:
-            conn.ioloop.add_callback_threadsafe(lambda: self._ack(session, tag))
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._ack, session, tag)
 
     def pause(self, timeout: float = 10.0) -> None:
         """Cancel every consumer and wait for the broker's cancel-ok: after this, nothing more arrives."""
-        self._run_on_loop(self._cancel_all, timeout)
+        self._call(self._cancel_all, timeout)
 
     def resume(self, timeout: float = 10.0) -> None:
-        self._run_on_loop(self._consume_all, timeout)
-
-    def _run_on_loop(self, action: Any, timeout: float) -> None:
-        conn = self._conn
-        if conn is None:
-            return
-        done = threading.Event()
-        conn.ioloop.add_callback_threadsafe(lambda: action(done.set))
-        if not done.wait(timeout):
-            raise AmqpSourceError(f"the broker did not answer within {timeout:.0f}s while pausing/resuming consumers")
-
-    def _cancel_all(self, finished: Any) -> None:
-        channels = [ch for ch in self._channels.values() if ch.is_open]
-        remaining = [len(channels)]
-        if not channels:
-            finished()
-
-        def one_done(_: Any) -> None:
-            remaining[0] -= 1
-            if remaining[0] == 0:
-                finished()
-
-        for ch in channels:
-            ch.basic_cancel(ch.amqp_consumer_tag, callback=one_done)
-
-    def _consume_all(self, finished: Any) -> None:
-        for ch in self._channels.values():
-            if ch.is_open:
-                ch.amqp_consumer_tag = ch.basic_consume(ch.amqp_queue, ch.amqp_on_message, auto_ack=False)
-        finished()
+        self._call(self._consume_all, timeout)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Close channels cleanly so unacked deliveries go back to their queues at once."""
         self._stopping = True
-        conn = self._conn
-        if conn is not None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed() and self._main is not None:
             try:
-                conn.ioloop.add_callback_threadsafe(self._close_connection)
-            except Exception:  # the loop may already be gone
+                self._call(self._shutdown, timeout)
+            except (AmqpSourceError, RuntimeError):
                 pass
         if self._thread is not None:
             self._thread.join(timeout)
 
-    # -- I/O thread ---------------------------------------------------------
+    def _call(self, fn: Callable[[], Awaitable[T]], timeout: float) -> T:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            raise AmqpSourceError("the consumer is not running")
+        future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(fn(), loop)  # type: ignore[arg-type]
+        try:
+            return future.result(timeout)
+        except TimeoutError:
+            raise AmqpSourceError(f"the broker did not answer within {timeout:.0f}s") from None
 
-    def _run(self) -> None:
+    # -- I/O thread -------------------------------------------------------------
+
+    def _thread_main(self, ready: threading.Event) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        self._main = loop.create_task(self._run())
+        ready.set()
+        try:
+            loop.run_until_complete(self._main)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self._started.set()  # unblock a waiting start(); check() reports why
+            loop.close()
+
+    async def _run(self) -> None:
+        backoff = MIN_BACKOFF
+        connection = self.options.connection
         while not self._stopping and self.fatal is None:
-            self._connect_once()
-            if self._stopping or self.fatal is not None:
-                break
-            time.sleep(self._backoff)
-            self._backoff = min(MAX_BACKOFF, self._backoff * 2)
-        self._started.set()  # unblock a waiting start(); check() reports why
-
-    def _connect_once(self) -> None:
-        params = pika_parameters(self.options.connection, f"spark-amqp source {self.run_id}")
-        conn = pika.SelectConnection(
-            params,
-            on_open_callback=self._on_connection_open,
-            on_open_error_callback=self._on_connection_error,
-            on_close_callback=self._on_connection_closed,
-        )
-        self._conn = conn
-        conn.ioloop.start()
-        self._conn = None
-
-    def _on_connection_error(self, conn: pika.SelectConnection, error: BaseException) -> None:
-        self._last_error = _describe(error)
-        if isinstance(error, (pika.exceptions.ProbableAuthenticationError, pika.exceptions.AuthenticationError)) or (
-            isinstance(error, pika.exceptions.ConnectionClosedByBroker) and error.reply_code in (403, 530)
-        ):
-            self.fatal = AmqpSourceError(
-                f"the broker refused the login of user '{self.options.connection.username}' on "
-                f"{self.options.connection.display_uri} (check the uri's user and the 'password' option)"
-            )
-        elif not self._ever_connected and isinstance(error, pika.exceptions.IncompatibleProtocolError):
-            self.fatal = AmqpSourceError(f"{self.options.connection.display_uri} does not speak AMQP 0-9-1")
-        else:
-            log.warning("AMQP source: cannot connect to %s (%s); retrying", self.options.connection.display_uri, self._last_error)
-        conn.ioloop.stop()
-
-    def _on_connection_open(self, conn: pika.SelectConnection) -> None:
-        self._ever_connected = True
-        self._backoff = MIN_BACKOFF
-        for queue in self.options.queues:
-            self._open_channel(queue)
-
-    def _on_connection_closed(self, conn: pika.SelectConnection, reason: BaseException) -> None:
-        for session, channel in list(self._channels.items()):
-            self._session_lost(session, channel.amqp_queue, f"connection lost: {_describe(reason)}")
-        if not self._stopping:
-            log.warning("AMQP source: connection to %s lost (%s); reconnecting", self.options.connection.display_uri, _describe(reason))
-        conn.ioloop.stop()
-
-    def _open_channel(self, queue: str) -> None:
-        conn = self._conn
-        if conn is None or not conn.is_open or self._stopping:
-            return
-        self._epoch += 1
-        session = f"{self.run_id}.{self._epoch}"
-
-        def on_open(channel: Any) -> None:
-            channel.amqp_queue = queue
-            channel.amqp_session = session
-            self._channels[session] = channel
-            channel.add_on_close_callback(lambda ch, reason: self._on_channel_closed(session, queue, reason))
-            channel.add_on_cancel_callback(lambda frame: self._on_server_cancel(session, queue, channel))
-            self._declare(channel, queue, lambda: self._qos(channel, session, queue))
-
-        conn.channel(on_open_callback=on_open)
-
-    def _declare(self, channel: Any, queue: str, then: Any) -> None:
-        decl = self.options.declaration
-        if decl is None:
-            then()
-            return
-
-        def bind(_: Any) -> None:
-            if decl.exchange:
-                channel.queue_bind(queue, decl.exchange, routing_key=decl.binding_key, callback=lambda _: then())
-            else:
-                then()
-
-        channel.queue_declare(queue, durable=decl.durable, arguments=decl.arguments or None, callback=bind)
-
-    def _qos(self, channel: Any, session: str, queue: str) -> None:
-        def consume(_: Any) -> None:
-            inbox = self.inbox
-
-            def on_message(ch: Any, method: Any, props: Any, body: bytes) -> None:
-                inbox.append(
-                    Delivery(session, queue, method.delivery_tag, method.redelivered, method.exchange, method.routing_key, props, body)
+            try:
+                client = await AmqpClient.connect(connection, f"spark-amqp source {self.run_id}")
+            except LoginRefused:
+                self.fatal = AmqpSourceError(
+                    f"the broker refused the login of user '{connection.username}' on {connection.display_uri} "
+                    "(check the uri's user and the 'password' option)"
                 )
+                return
+            except (OSError, ConnectionLost, asyncio.TimeoutError) as err:
+                self._last_error = _describe(err)
+                if isinstance(err, ConnectionLost) and "does not speak AMQP" in str(err):
+                    self.fatal = AmqpSourceError(f"{connection.display_uri}: {err}")
+                    return
+                log.warning("AMQP source: cannot connect to %s (%s); retrying", connection.display_uri, self._last_error)
+                await asyncio.sleep(backoff)
+                backoff = min(MAX_BACKOFF, backoff * 2)
+                continue
+            backoff = MIN_BACKOFF
+            self._client = client
+            tasks = [asyncio.ensure_future(self._consume_queue(client, q)) for q in self.options.queues]
+            reason = await client.closed
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for consumer in list(self._consumers.values()):
+                self._session_lost(consumer, f"connection lost: {reason}")
+            self._client = None
+            if not self._stopping and self.fatal is None:
+                log.warning("AMQP source: connection to %s lost (%s); reconnecting", connection.display_uri, reason)
+                await asyncio.sleep(backoff)
 
-            channel.amqp_on_message = on_message
-            channel.amqp_consumer_tag = channel.basic_consume(
-                queue, on_message, auto_ack=False, callback=lambda _: self._now_consuming(queue)
-            )
+    async def _consume_queue(self, client: AmqpClient, queue: str) -> None:
+        while not self._stopping and self.fatal is None and not client.closed.done():
+            try:
+                channel = await client.channel()
+            except (ConnectionLost, ServerClosedChannel):
+                return
+            self._epoch += 1
+            consumer = _Consumer(channel, f"{self.run_id}.{self._epoch}", queue)
+            self._consumers[consumer.session] = consumer
+            try:
+                await self._subscribe(consumer)
+                reason = await channel.closed
+            except ServerClosedChannel as err:
+                reason = err
+            except ConnectionLost:
+                return
+            self._session_lost(consumer, str(reason) if reason is not None else "closed")
+            if isinstance(reason, ServerClosedChannel) and self._on_channel_error(queue, reason):
+                return
+            await asyncio.sleep(MIN_BACKOFF)
 
-        channel.basic_qos(prefetch_count=self.options.prefetch, callback=consume)
+    async def _subscribe(self, consumer: _Consumer) -> None:
+        channel, queue = consumer.channel, consumer.queue
+        decl = self.options.declaration
+        if decl is not None:
+            await channel.rpc(commands.Queue.Declare(queue=queue, durable=decl.durable, arguments=decl.arguments or None))
+            if decl.exchange:
+                await channel.rpc(commands.Queue.Bind(queue=queue, exchange=decl.exchange, routing_key=decl.binding_key))
+        await channel.rpc(commands.Basic.Qos(prefetch_count=self.options.prefetch))
+        inbox, session = self.inbox, consumer.session
 
-    def _now_consuming(self, queue: str) -> None:
+        def on_delivery(tag: int, redelivered: bool, exchange: str, routing_key: str, props: LazyProperties, body: bytes) -> None:
+            inbox.append(Delivery(session, queue, tag, redelivered, exchange, routing_key, props, body))
+
+        def on_cancel(tag: str) -> None:
+            # The queue was deleted (or failed over): close this channel; reopening
+            # it re-subscribes, or reports the queue as missing.
+            log.warning("AMQP source: the broker cancelled the consumer of queue '%s'", queue)
+            self._background(channel.close())
+
+        channel.on_delivery = on_delivery
+        channel.on_cancel = on_cancel
+        await self._basic_consume(consumer)
         self._consuming.add(queue)
         if self._consuming >= set(self.options.queues):
             self._started.set()
 
-    def _on_channel_closed(self, session: str, queue: str, reason: BaseException) -> None:
-        self._session_lost(session, queue, _describe(reason))
-        if self._stopping:
-            return
-        code = getattr(reason, "reply_code", 0)
-        if code in FATAL_CHANNEL_CODES:
-            what = FATAL_CHANNEL_CODES[code]
-            self.fatal = AmqpSourceError(
-                f"queue '{queue}' on {self.options.connection.display_uri}: {what} ({code} {reply_name(code)}: {getattr(reason, 'reply_text', '')})"
-            )
-            self._close_connection()
-            return
-        if code == 406 and "timed out" in str(getattr(reason, "reply_text", "")):
+    async def _basic_consume(self, consumer: _Consumer) -> None:
+        ok = await consumer.channel.rpc(commands.Basic.Consume(queue=consumer.queue))
+        consumer.tag = ok.consumer_tag
+
+    def _on_channel_error(self, queue: str, reason: ServerClosedChannel) -> bool:
+        """Log a channel closed by the broker; True when it is fatal for the query."""
+        display = self.options.connection.display_uri
+        if reason.code in FATAL_CHANNEL_CODES:
+            what = FATAL_CHANNEL_CODES[reason.code]
+            self.fatal = AmqpSourceError(f"queue '{queue}' on {display}: {what} ({reason.code} {reply_name(reason.code)}: {reason.text})")
+            if self._client is not None:
+                self._background(self._client.close())
+            return True
+        if reason.code == 406 and "timed out" in reason.text:
             log.warning(
                 "AMQP source: RabbitMQ's consumer_timeout closed the channel of queue '%s' (%s). Deliveries stay "
                 "unacknowledged until the batch holding them is committed; a trigger interval or batch duration "
                 "longer than consumer_timeout causes this. Nothing is lost (they are redelivered and recognised), "
                 "but raise consumer_timeout or shorten the trigger interval.",
                 queue,
-                getattr(reason, "reply_text", ""),
+                reason.text,
             )
         else:
-            log.warning("AMQP source: channel for queue '%s' closed (%s); reopening", queue, _describe(reason))
-        conn = self._conn
-        if conn is not None and conn.is_open:
-            conn.ioloop.call_later(MIN_BACKOFF, lambda: self._open_channel(queue))
+            log.warning("AMQP source: channel for queue '%s' closed (%s %s); reopening", queue, reason.code, reason.text)
+        return False
 
-    def _on_server_cancel(self, session: str, queue: str, channel: Any) -> None:
-        # The queue was deleted (or failed over): close this channel; reopening
-        # it re-subscribes, or reports the queue as missing.
-        log.warning("AMQP source: the broker cancelled the consumer of queue '%s'", queue)
-        if channel.is_open:
-            channel.close()
-
-    def _session_lost(self, session: str, queue: str, reason: str) -> None:
-        if self._channels.pop(session, None) is not None:
-            self._consuming.discard(queue)
-            self.inbox.append(SessionClosed(session, queue, reason))
+    def _session_lost(self, consumer: _Consumer, reason: str) -> None:
+        if self._consumers.pop(consumer.session, None) is not None:
+            self._consuming.discard(consumer.queue)
+            self.inbox.append(SessionClosed(consumer.session, consumer.queue, reason))
 
     def _ack(self, session: str, tag: int) -> None:
-        channel = self._channels.get(session)
-        if channel is None or not channel.is_open:
+        consumer = self._consumers.get(session)
+        if consumer is None or not consumer.channel.is_open:
             return
-        channel.basic_ack(tag, multiple=True)
-        # basic.qos is synchronous: its reply proves the ack before it was processed.
-        channel.basic_qos(prefetch_count=self.options.prefetch, callback=lambda _: self.inbox.append(AckConfirmed(session, tag)))
+        consumer.channel.ack(tag, True)
+        self._background(self._prove_ack(consumer, tag))
 
-    def _close_connection(self) -> None:
-        conn = self._conn
-        if conn is None:
+    def _background(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _prove_ack(self, consumer: _Consumer, tag: int) -> None:
+        # basic.qos is synchronous: its reply proves the ack before it was processed.
+        try:
+            await consumer.channel.rpc(commands.Basic.Qos(prefetch_count=self.options.prefetch))
+        except (ConnectionLost, ServerClosedChannel):
             return
-        if conn.is_open:
-            conn.close()
-        elif not conn.is_closing:
-            conn.ioloop.stop()
+        self.inbox.append(AckConfirmed(consumer.session, tag))
+
+    async def _cancel_all(self) -> None:
+        for consumer in list(self._consumers.values()):
+            if consumer.channel.is_open and consumer.tag:
+                await consumer.channel.rpc(commands.Basic.Cancel(consumer_tag=consumer.tag))
+
+    async def _consume_all(self) -> None:
+        for consumer in list(self._consumers.values()):
+            if consumer.channel.is_open:
+                await self._basic_consume(consumer)
+
+    async def _shutdown(self) -> None:
+        client = self._client
+        if client is not None:
+            for consumer in list(self._consumers.values()):
+                await consumer.channel.close()
+            await client.close()
+        if self._main is not None:
+            self._main.cancel()
 
 
 def _describe(error: BaseException) -> str:
-    code = getattr(error, "reply_code", None)
-    text = getattr(error, "reply_text", None)
-    if code is not None:
-        return f"{code} {text}"
     return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
