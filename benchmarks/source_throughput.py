@@ -163,7 +163,7 @@ def broker_url() -> Iterator[tuple[str, str]]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--messages", type=int, default=200_000)
-    parser.add_argument("--max-per-trigger", type=int, default=30_000)
+    parser.add_argument("--max-per-trigger", type=int, default=32_000)
     parser.add_argument("--backlog", type=int, default=1_000_000, help="messages for the memory check (0 to skip)")
     args = parser.parse_args()
     spark = spark_session()

@@ -125,6 +125,7 @@ class ClientChannel:
         self._pending: tuple[int, bool, str, str] | None = None
         self._props: LazyProperties | None = None
         self._size = 0
+        self._received = 0
         self._parts: list[bytes] = []
 
     @property
@@ -196,12 +197,14 @@ class ClientChannel:
         self._size = _U64.unpack_from(payload, 4)[0]
         self._props = LazyProperties(payload[12:])
         self._parts = []
+        self._received = 0
         if self._size == 0:
             self._complete(b"")
 
     def on_body(self, payload: bytes) -> None:
         self._parts.append(payload)
-        if sum(map(len, self._parts)) >= self._size:
+        self._received += len(payload)
+        if self._received >= self._size:
             self._complete(self._parts[0] if len(self._parts) == 1 else b"".join(self._parts))
 
     def _complete(self, body: bytes) -> None:

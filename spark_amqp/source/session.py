@@ -126,7 +126,7 @@ class ConsumerSession:
         """Close channels cleanly so unacked deliveries go back to their queues at once."""
         self._stopping = True
         loop = self._loop
-        if loop is not None and not loop.is_closed() and self._main is not None:
+        if loop is not None and not loop.is_closed() and self._main is not None and not self._main.done():
             try:
                 self._call(self._shutdown, timeout)
             except (AmqpSourceError, RuntimeError):
