@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import collections
+import datetime
 import logging
 import time
 
+import pika
 import pytest
 
 from spark_amqp.broker import EmbeddedBroker
@@ -248,3 +250,59 @@ def test_available_now_with_a_small_target_keeps_the_rest_unplanned_once(embedde
         assert [e.delivery.props.message_id for e in d.runtime.buffer] == [f"id-{i}" for i in range(7, 12)]
     finally:
         d.close()
+
+
+def test_heartbeats_keep_an_idle_consumer_connected(embedded: EmbeddedBroker) -> None:
+    publish(embedded.url, "q", [])
+    d = MicroBatchDriver(embedded.url, "q", heartbeat=1)
+    try:
+        d.runtime.ensure_started()
+        deadline = time.monotonic() + 3.5
+        d.idle_until(lambda: time.monotonic() > deadline, timeout=10)
+        assert d.runtime.metrics.sessions_lost == 0
+        publish(embedded.url, "q", [b"late"], declare=False)
+        assert [r["body"] for r in d.drain(1)] == [b"late"]
+    finally:
+        d.close()
+
+
+def test_deleting_the_queue_under_the_stream_fails_it_clearly(embedded: EmbeddedBroker) -> None:
+    publish(embedded.url, "q", [b"x"])
+    d = MicroBatchDriver(embedded.url, "q")
+    try:
+        d.drain(1)
+        conn = pika.BlockingConnection(pika.URLParameters(embedded.url))
+        conn.channel().queue_delete("q")
+        conn.close()
+        with pytest.raises(AmqpSourceError, match=r"queue 'q'.*not found \(404"):
+            d.idle_until(lambda: False, timeout=10)
+    finally:
+        d.close()
+
+
+def test_lazy_properties_decode_like_pika() -> None:
+    from pamqp import commands, header
+
+    from spark_amqp.source.client import LazyProperties
+
+    full = commands.Basic.Properties(
+        content_type="text/plain",
+        content_encoding="gzip",
+        headers={"a": 1, "b": "two"},
+        delivery_mode=2,
+        priority=5,
+        correlation_id="c",
+        reply_to="r",
+        expiration="1000",
+        message_id="m",
+        timestamp=datetime.datetime(2024, 1, 2, tzinfo=datetime.timezone.utc),
+        message_type="t",
+        user_id="u",
+        app_id="app",
+    )
+    raw = header.ContentHeader(0, 3, full).marshal()[12:]
+    lazy = LazyProperties(raw)
+    assert (lazy.content_type, lazy.type, lazy.timestamp, lazy.headers) == ("text/plain", "t", 1704153600, {"a": 1, "b": "two"})
+    assert lazy.arrow_row() == ("m", "c", "text/plain", "gzip", "t", "app", "u", "r", "1000", 5, 2, 1704153600, {"a": 1, "b": "two"})
+    empty = LazyProperties(header.ContentHeader(0, 0, commands.Basic.Properties()).marshal()[12:])
+    assert empty.message_id is None and empty.headers is None and empty.arrow_row() == (None,) * 13
