@@ -43,6 +43,7 @@ class BrokerConnection(asyncio.Protocol):
         self.capabilities: dict[str, Any] = {}
         self.user = ""
         self.client_name = ""
+        self.ended = ""  # how the connection ended, for tests: "closed by client" or lost
         self.write_paused = False
         self._out: list[bytes] = []
         self._flush_handle: asyncio.Handle | None = None
@@ -208,6 +209,7 @@ class BrokerConnection(asyncio.Protocol):
             self.state = "running"
             self.send_method(0, C.OpenOk())
         elif isinstance(method, C.Close):
+            self.ended = "closed by client"
             self.send_method(0, C.CloseOk())
             self.state = "closed"
             self._flush()
@@ -428,6 +430,8 @@ class BrokerConnection(asyncio.Protocol):
         self._heartbeat_timer = self._close_timer = self._flush_handle = None
         self._teardown_channels()
         self.server.vhost.connection_closed(self)
+        if self in self.server.connections:
+            self.server.ended.append((self.client_name, self.ended or "lost"))
         self.server.connections.discard(self)
         self._out = []
         self.buffer = bytearray()

@@ -43,6 +43,7 @@ class BrokerServer:
         self.vhost = VirtualHost()
         self.faults = Faults()
         self.connections: set[BrokerConnection] = set()
+        self.ended: list[tuple[str, str]] = []  # (client connection_name, how it ended)
         self._server: asyncio.base_events.Server | None = None
         self._timeout_task: asyncio.Task[None] | None = None
 
@@ -215,6 +216,10 @@ class EmbeddedBroker:
 
     def connection_count(self) -> int:
         return self.call(lambda s: len(s.connections))
+
+    def ended_connections(self) -> list[tuple[str, str]]:
+        """(client connection_name, "closed by client" or "lost") for every connection that ended."""
+        return self.call(lambda s: list(s.ended))
 
     # -- fault injection ------------------------------------------------------------
 

@@ -200,3 +200,11 @@ def test_drop_connections_by_client_name(embedded: EmbeddedBroker) -> None:
     other = connect(embedded.url)
     assert embedded.drop_connections(name_contains="victim") == 1
     assert _alive(other) and not _alive(mine)
+
+
+def test_ended_connections_tell_clean_closes_from_losses(embedded: EmbeddedBroker) -> None:
+    connect(embedded.url, client_properties={"connection_name": "polite"}).close()
+    connect(embedded.url, client_properties={"connection_name": "cut"})
+    embedded.drop_connections(name_contains="cut")
+    assert wait_for(lambda: len(embedded.ended_connections()) == 2)
+    assert sorted(embedded.ended_connections()) == [("cut", "lost"), ("polite", "closed by client")]

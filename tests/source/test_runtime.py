@@ -306,3 +306,62 @@ def test_lazy_properties_decode_like_pika() -> None:
     assert lazy.arrow_row() == ("m", "c", "text/plain", "gzip", "t", "app", "u", "r", "1000", 5, 2, 1704153600, {"a": 1, "b": "two"})
     empty = LazyProperties(header.ContentHeader(0, 0, commands.Basic.Properties()).marshal()[12:])
     assert empty.message_id is None and empty.headers is None and empty.arrow_row() == (None,) * 13
+
+
+def test_declare_and_bind_the_queue(amqp_url: str, names, embedded_or_none) -> None:  # type: ignore[no-untyped-def]
+    q = names.queue()
+    d = MicroBatchDriver(
+        amqp_url,
+        q,
+        declareQueue="true",
+        queueDurable="false",
+        queueArguments='{"x-max-length": 100}',
+        bindExchange="amq.topic",
+        bindingKey="orders.#",
+    )
+    try:
+        d.runtime.ensure_started()
+        conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.basic_publish("amq.topic", "orders.eu", b"routed")
+        ch.basic_publish("amq.topic", "refunds.eu", b"not routed")
+        conn.close()
+        assert [r["body"] for r in d.drain(1)] == [b"routed"]
+        assert d.rows[0]["exchange"] == "amq.topic" and d.rows[0]["routing_key"] == "orders.eu"
+    finally:
+        d.close()
+
+
+def test_sigterm_handler_closes_the_connection_cleanly(embedded: EmbeddedBroker) -> None:
+    """What Spark's stop does to the source runner: SIGTERM while it waits on its control socket."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    publish(embedded.url, "q", [b"m%d" % i for i in range(20)])
+    script = textwrap.dedent(
+        f"""
+        import sys, time
+        from spark_amqp.options import parse_source_options
+        from spark_amqp.source.runtime import SourceRuntime
+        runtime = SourceRuntime(parse_source_options({{"uri": {embedded.url!r}, "queue": "q"}}))
+        runtime.ensure_started()
+        runtime._install_sigterm_handler()
+        runtime.latest_offset(None, None)  # plans a batch: 20 unacked, never committed
+        print("ready", flush=True)
+        sys.stdin.read()  # blocked like the runner on its socket
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        assert wait_for(lambda: embedded.queue_stats("q")["unacked"] == 20)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == -signal.SIGTERM
+    finally:
+        proc.kill()
+    ended = [how for name, how in embedded.ended_connections() if name.startswith("spark-amqp source")]
+    assert ended == ["closed by client"]
+    assert embedded.queue_stats("q") == {"ready": 20, "unacked": 0, "consumers": 0}

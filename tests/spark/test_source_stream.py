@@ -286,3 +286,21 @@ def test_connection_dropped_mid_stream(spark, tmp_path) -> None:  # type: ignore
             assert len(ids) == total and len(set(ids)) == total
         finally:
             query.stop()
+
+
+@pytest.mark.embedded_only
+def test_stopping_the_query_closes_the_consumer_cleanly(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with EmbeddedBroker(consumer_timeout_ms=None) as broker:
+        publish(broker.url, "q", [b"m%d" % i for i in range(50)])
+
+        def slow(batch_df, batch_id):  # type: ignore[no-untyped-def]
+            time.sleep(30)  # holds its batch (unacked) while the query is stopped
+
+        query = _stream(spark, broker.url, "q").writeStream.foreachBatch(slow).option("checkpointLocation", str(tmp_path / "c")).start()
+        wait_for(lambda: broker.queue_stats("q")["unacked"] == 50, timeout=120)
+        query.stop()
+        # Spark sends the source runner SIGTERM; its handler closes the AMQP connection
+        # properly (connection.close), so the 50 unacked messages are back at once.
+        wait_for(lambda: any(n.startswith("spark-amqp source") for n, _ in broker.ended_connections()), timeout=30)
+        assert [how for n, how in broker.ended_connections() if n.startswith("spark-amqp source")] == ["closed by client"]
+        assert broker.queue_stats("q") == {"ready": 50, "unacked": 0, "consumers": 0}
