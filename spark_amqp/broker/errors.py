@@ -6,26 +6,9 @@ the channel or the whole connection follows from the code, as in the spec.
 
 from __future__ import annotations
 
-REPLY_NAMES = {
-    311: "CONTENT_TOO_LARGE",
-    312: "NO_ROUTE",
-    313: "NO_CONSUMERS",
-    320: "CONNECTION_FORCED",
-    402: "INVALID_PATH",
-    403: "ACCESS_REFUSED",
-    404: "NOT_FOUND",
-    405: "RESOURCE_LOCKED",
-    406: "PRECONDITION_FAILED",
-    501: "FRAME_ERROR",
-    502: "SYNTAX_ERROR",
-    503: "COMMAND_INVALID",
-    504: "CHANNEL_ERROR",
-    505: "UNEXPECTED_FRAME",
-    506: "RESOURCE_ERROR",
-    530: "NOT_ALLOWED",
-    540: "NOT_IMPLEMENTED",
-    541: "INTERNAL_ERROR",
-}
+from ..errors import REPLY_CODES
+
+REPLY_NAMES = REPLY_CODES
 
 # Soft errors close only the channel; the rest close the connection.
 CHANNEL_CODES = frozenset({311, 312, 313, 403, 404, 405, 406})

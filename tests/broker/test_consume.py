@@ -10,14 +10,6 @@ import pytest
 from .helpers import connect, consume_n, drain, ready_count, wait_for
 
 
-@pytest.fixture
-def conn(amqp_url: str):  # type: ignore[no-untyped-def]
-    c = connect(amqp_url)
-    yield c
-    if c.is_open:
-        c.close()
-
-
 def _filled(conn, names, n: int) -> tuple[object, str]:  # type: ignore[no-untyped-def]
     ch = conn.channel()
     q = names.queue()

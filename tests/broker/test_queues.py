@@ -11,14 +11,6 @@ from .helpers import connect, consume_n, drain, ready_count, wait_for
 
 
 @pytest.fixture
-def conn(amqp_url: str):  # type: ignore[no-untyped-def]
-    c = connect(amqp_url)
-    yield c
-    if c.is_open:
-        c.close()
-
-
-@pytest.fixture
 def ch(conn):  # type: ignore[no-untyped-def]
     return conn.channel()
 
