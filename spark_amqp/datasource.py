@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, DataSourceStreamWriter, DataSourceWriter
 from pyspark.sql.types import StructType
 
-from .options import SourceOptions, parse_source_options
+from .options import SinkOptions, SourceOptions, parse_sink_options, parse_source_options
 from .source.arrow import SCHEMA_DDL
 
 __all__ = ["AmqpDataSource"]
@@ -35,6 +35,23 @@ class AmqpDataSource(DataSource):
         # Spark asks for the schema at load(): fail there, before anything connects.
         self.source_options()
         return SCHEMA_DDL
+
+    def sink_options(self, schema: StructType) -> SinkOptions:
+        from .sink.columns import check_schema
+
+        options = parse_sink_options(self.options)
+        check_schema(schema)  # on the driver, before any task publishes
+        return options
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from .sink.writer import AmqpBatchWriter
+
+        return AmqpBatchWriter(self.sink_options(schema))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from .sink.writer import AmqpStreamWriter
+
+        return AmqpStreamWriter(self.sink_options(schema))
 
     def source_options(self) -> SourceOptions:
         return parse_source_options(self.options)

@@ -17,7 +17,15 @@ from typing import Any
 
 from .errors import AmqpOptionError
 
-__all__ = ["ConnectionOptions", "QueueDeclaration", "SourceOptions", "TlsOptions", "parse_source_options"]
+__all__ = [
+    "ConnectionOptions",
+    "QueueDeclaration",
+    "SinkOptions",
+    "SourceOptions",
+    "TlsOptions",
+    "parse_sink_options",
+    "parse_source_options",
+]
 
 MAX_PREFETCH = 65535  # basic.qos prefetch_count is a 16-bit field
 DEFAULT_PREFETCH = 20_000
@@ -69,6 +77,23 @@ class SourceOptions:
     declaration: QueueDeclaration | None
 
 
+@dataclass(frozen=True)
+class SinkOptions:
+    connection: ConnectionOptions
+    exchange: str
+    routing_key: str | None
+    mandatory: bool
+    persistent: bool
+    confirm_timeout: float
+    max_in_flight: int
+    max_message_size: int
+    declare_exchange: str | None  # exchange type to declare, or None
+    exchange_durable: bool
+    declare_queue: str | None
+    queue_arguments: dict[str, Any]
+    binding_key: str
+
+
 # key (lower case) -> documented spelling
 CONNECTION_KEYS = {
     k.lower(): k
@@ -97,8 +122,26 @@ SOURCE_KEYS = CONNECTION_KEYS | {
         "bindingKey",
     )
 }
-# Keys Spark itself may add to a source's options.
-SPARK_KEYS = frozenset({"path"})
+SINK_KEYS = CONNECTION_KEYS | {
+    k.lower(): k
+    for k in (
+        "exchange",
+        "routingKey",
+        "mandatory",
+        "persistent",
+        "confirmTimeout",
+        "maxInFlight",
+        "maxMessageSize",
+        "declareExchange",
+        "exchangeType",
+        "exchangeDurable",
+        "declareQueue",
+        "queueArguments",
+        "bindingKey",
+    )
+}
+# Keys Spark itself adds to a data source's options.
+SPARK_KEYS = frozenset({"path", "checkpointlocation"})
 
 
 class _Reader:
@@ -279,4 +322,52 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         max_messages_per_trigger=max_per_trigger,
         num_partitions=r.integer("numPartitions", None, 1, 10_000),
         declaration=declaration,
+    )
+
+
+DEFAULT_MAX_MESSAGE_SIZE = 134_217_728  # RabbitMQ's default max_message_size (128 MiB)
+EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
+
+
+def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
+    r = _Reader(options, SINK_KEYS)
+    connection = _parse_connection(r)
+    exchange = r.text("exchange", "") or ""
+    routing_key = r.text("routingKey")
+    if routing_key is not None and len(routing_key.encode("utf-8")) > 255:
+        raise AmqpOptionError(f"option 'routingKey' is longer than 255 bytes ({len(routing_key.encode('utf-8'))})")
+    if len(exchange.encode("utf-8")) > 255:
+        raise AmqpOptionError("option 'exchange' is longer than 255 bytes")
+    declare_exchange = None
+    if r.boolean("declareExchange", False):
+        if not exchange:
+            raise AmqpOptionError("option 'declareExchange' needs option 'exchange' (the default exchange cannot be declared)")
+        declare_exchange = (r.text("exchangeType", "direct") or "direct").lower()
+        if declare_exchange not in EXCHANGE_TYPES:
+            raise AmqpOptionError(f"option 'exchangeType' must be one of {', '.join(EXCHANGE_TYPES)}, got {declare_exchange!r}")
+    elif r.text("exchangeType") is not None or r.text("exchangeDurable") is not None:
+        raise AmqpOptionError("options 'exchangeType' and 'exchangeDurable' only apply with declareExchange=true")
+    declare_queue = r.text("declareQueue")
+    if declare_queue is not None and declare_queue.strip() == "":
+        raise AmqpOptionError("option 'declareQueue' takes the name of a queue to declare")
+    if declare_queue is None and (r.text("queueArguments") is not None or r.text("bindingKey") is not None):
+        raise AmqpOptionError("options 'queueArguments' and 'bindingKey' only apply with declareQueue=<queue name>")
+    confirm_timeout = r.number("confirmTimeout", 30.0, 0.001)
+    max_in_flight = r.integer("maxInFlight", 1000, 1, 1_000_000)
+    max_message_size = r.integer("maxMessageSize", DEFAULT_MAX_MESSAGE_SIZE, 1)
+    assert max_in_flight is not None and max_message_size is not None
+    return SinkOptions(
+        connection=connection,
+        exchange=exchange,
+        routing_key=routing_key,
+        mandatory=r.boolean("mandatory", True),
+        persistent=r.boolean("persistent", True),
+        confirm_timeout=confirm_timeout,
+        max_in_flight=max_in_flight,
+        max_message_size=max_message_size,
+        declare_exchange=declare_exchange,
+        exchange_durable=r.boolean("exchangeDurable", True),
+        declare_queue=declare_queue.strip() if declare_queue else None,
+        queue_arguments=r.json_object("queueArguments"),
+        binding_key=r.text("bindingKey", "") or "",
     )

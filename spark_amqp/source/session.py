@@ -20,9 +20,9 @@ from typing import Any, NamedTuple, TypeVar
 
 from pamqp import commands
 
+from ..client import AmqpClient, ClientChannel, ConnectionLost, LazyProperties, LoginRefused, ServerClosedChannel
 from ..errors import AmqpSourceError, reply_name
 from ..options import SourceOptions
-from .client import AmqpClient, ClientChannel, ConnectionLost, LazyProperties, LoginRefused, ServerClosedChannel
 
 log = logging.getLogger("spark_amqp.source")
 T = TypeVar("T")

@@ -283,7 +283,7 @@ def test_deleting_the_queue_under_the_stream_fails_it_clearly(embedded: Embedded
 def test_lazy_properties_decode_like_pika() -> None:
     from pamqp import commands, header
 
-    from spark_amqp.source.client import LazyProperties
+    from spark_amqp.client import LazyProperties
 
     full = commands.Basic.Properties(
         content_type="text/plain",

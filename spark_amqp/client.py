@@ -19,12 +19,16 @@ from typing import Any
 
 from pamqp import commands
 
-from ..broker import codec
-from ..options import ConnectionOptions
+from .broker import codec
+from .options import ConnectionOptions
 
 __all__ = ["AmqpClient", "ClientChannel", "ConnectionLost", "LazyProperties", "LoginRefused", "ServerClosedChannel"]
 
 _DELIVER = struct.pack(">HH", 60, 60)
+_RETURN = struct.pack(">HH", 60, 50)
+_PUBLISH = struct.pack(">HHH", 60, 40, 0)
+_BROKER_ACK = struct.pack(">HH", 60, 80)
+_BROKER_NACK = struct.pack(">HH", 60, 120)
 _FRAME_HEAD = struct.Struct(">BHI")
 _U64 = struct.Struct(">Q")
 _U16 = struct.Struct(">H")
@@ -119,6 +123,10 @@ class ClientChannel:
         self.closed: asyncio.Future[ServerClosedChannel | ConnectionLost | None] = client.loop.create_future()
         self.on_delivery: DeliveryCallback | None = None
         self.on_cancel: Callable[[str], None] | None = None
+        # publisher side: confirms (tag, multiple, ack) and returns (code, text, exchange, routing key)
+        self.on_confirm: Callable[[int, bool, bool], None] | None = None
+        self.on_return: Callable[[int, str, str, str], None] | None = None
+        self._returning: tuple[int, str, str, str] | None = None
         self._rpc: asyncio.Future[Any] | None = None
         self._rpc_lock = asyncio.Lock()
         # a delivery being assembled
@@ -169,8 +177,28 @@ class ClientChannel:
 
     # -- frames from the reader -------------------------------------------------
 
+    def publish(self, exchange: bytes, routing_key: bytes, mandatory: bool, header_payload: bytes, body: bytes) -> None:
+        """basic.publish with pre-encoded shortstr exchange/key and content header payload."""
+        client = self.client
+        number = self.number
+        method = b"".join((_PUBLISH, exchange, routing_key, b"\x01" if mandatory else b"\x00"))
+        frames = [codec.frame(codec.FRAME_METHOD, number, method)]
+        frames.extend(codec.content_frames(number, header_payload, body, client.frame_max))
+        client.write(b"".join(frames))
+
     def on_method(self, payload: bytes) -> None:
-        if payload[:4] == _DELIVER:
+        head = payload[:4]
+        if head in (_BROKER_ACK, _BROKER_NACK):
+            if self.on_confirm is not None:
+                tag = _U64.unpack_from(payload, 4)[0]
+                self.on_confirm(tag, bool(payload[12] & 1), head == _BROKER_ACK)
+            return
+        if head == _RETURN:
+            ret: Any = codec.decode_method(payload)
+            self._returning = (ret.reply_code or 0, ret.reply_text or "", ret.exchange or "", ret.routing_key or "")
+            self._pending = None
+            return
+        if head == _DELIVER:
             # consumer tag, delivery tag, redelivered, exchange, routing key
             offset = 4 + 1 + payload[4]
             tag = _U64.unpack_from(payload, offset)[0]
@@ -208,6 +236,12 @@ class ClientChannel:
             self._complete(self._parts[0] if len(self._parts) == 1 else b"".join(self._parts))
 
     def _complete(self, body: bytes) -> None:
+        if self._returning is not None:
+            returned, self._returning = self._returning, None
+            self._props, self._parts = None, []
+            if self.on_return is not None:
+                self.on_return(*returned)
+            return
         pending, props = self._pending, self._props
         self._pending, self._props, self._parts = None, None, []
         if pending is not None and props is not None and self.on_delivery is not None:

@@ -1,0 +1,1 @@
+"""The sink: ``df.write.format("amqp")`` and ``df.writeStream.format("amqp")``."""

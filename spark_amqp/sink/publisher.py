@@ -1,0 +1,218 @@
+"""Publishing one partition in confirm mode with a window of outstanding confirms.
+
+Confirms are processed as they arrive (the socket's reader calls back into
+``ConfirmWindow``); the publisher only waits when the window is full, and at
+the end until every message it sent is confirmed. Anything but a broker ack for
+every message — a nack, a basic.return, a closed channel or connection, or no
+progress for ``confirmTimeout`` — fails the partition with an
+``AmqpPublishError`` that says how many messages and why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from pamqp import commands
+
+from ..client import AmqpClient, ClientChannel, ConnectionLost, ServerClosedChannel
+from ..errors import AmqpPublishError, reply_name
+from ..options import SinkOptions
+from .columns import Outgoing
+
+log = logging.getLogger("spark_amqp.sink")
+
+YIELD_EVERY = 256  # let the reader process confirms while a long batch is being sent
+
+
+@dataclass
+class PublishResult:
+    published: int
+    confirmed: int
+
+
+class ConfirmWindow:
+    """Counts published, acked and failed messages by publish sequence number."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.published = 0
+        self.confirmed_up_to = 0  # every seq <= this has an answer
+        self.acked = 0
+        self.nacked = 0
+        self.returned: list[tuple[int, str, str, str]] = []
+        self._answered: set[int] = set()  # answered out of order (single confirms past a gap)
+        self._room = asyncio.Event()
+        self._room.set()
+
+    @property
+    def outstanding(self) -> int:
+        return self.published - self.confirmed_up_to - len(self._answered)
+
+    def sent(self) -> None:
+        self.published += 1
+        if self.outstanding >= self.limit:
+            self._room.clear()
+
+    def on_confirm(self, tag: int, multiple: bool, ack: bool) -> None:
+        if multiple:
+            count = tag - self.confirmed_up_to - sum(1 for t in self._answered if t <= tag)
+            self._answered = {t for t in self._answered if t > tag}
+            self.confirmed_up_to = max(self.confirmed_up_to, tag)
+        else:
+            count = 1
+            self._answered.add(tag)
+            while self.confirmed_up_to + 1 in self._answered:
+                self.confirmed_up_to += 1
+                self._answered.discard(self.confirmed_up_to)
+        if ack:
+            self.acked += count
+        else:
+            self.nacked += count
+        if self.outstanding < self.limit:
+            self._room.set()
+
+    def on_return(self, code: int, text: str, exchange: str, routing_key: str) -> None:
+        self.returned.append((code, text, exchange, routing_key))
+
+    async def wait_for_room(self, timeout: float, failed: asyncio.Future[BaseException]) -> bool:
+        """True when there is room; False when ``timeout`` passed without any confirm."""
+        while not self._room.is_set():
+            before = self.confirmed_up_to + len(self._answered)
+            waiter: asyncio.Future[Any] = asyncio.ensure_future(self._room.wait())
+            done, _ = await asyncio.wait([waiter, failed], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            if failed in done:
+                return True  # the caller sees the failure
+            if not done and self.confirmed_up_to + len(self._answered) == before:
+                return False
+        return True
+
+
+class PartitionPublisher:
+    def __init__(self, options: SinkOptions) -> None:
+        self.options = options
+
+    async def publish(self, batches: Iterable[Iterable[Outgoing]], description: str) -> PublishResult:
+        opts = self.options
+        client = await _connect(opts, description)
+        window = ConfirmWindow(opts.max_in_flight)
+        failed: asyncio.Future[BaseException] | None = None
+        try:
+            channel = await client.channel()
+            await self._declare(channel)
+            await channel.rpc(commands.Confirm.Select())
+            channel.on_confirm = window.on_confirm
+            channel.on_return = window.on_return
+            failed = asyncio.ensure_future(_first_failure(client, channel))
+            last: Outgoing | None = None
+            for messages in batches:
+                for message in messages:
+                    if not await window.wait_for_room(opts.confirm_timeout, failed):
+                        raise self._timeout(window, message)
+                    self._raise_if_failed(failed, window, message)
+                    channel.publish(message.exchange, message.routing_key, opts.mandatory, message.header, message.body)
+                    window.sent()
+                    last = message
+                    if window.published % YIELD_EVERY == 0:
+                        await asyncio.sleep(0)
+                    self._raise_if_broken(window, message)
+            while window.outstanding:
+                window._room.clear()
+                if window.outstanding and not await _wait_progress(window, opts.confirm_timeout, failed):
+                    raise self._timeout(window, last)
+                self._raise_if_failed(failed, window, last)
+            if last is not None:
+                self._raise_if_broken(window, last)
+            return PublishResult(window.published, window.acked)
+        finally:
+            if failed is not None:
+                failed.cancel()
+            await client.close()
+
+    async def _declare(self, channel: ClientChannel) -> None:
+        opts = self.options
+        if opts.declare_exchange:
+            await channel.rpc(
+                commands.Exchange.Declare(exchange=opts.exchange, exchange_type=opts.declare_exchange, durable=opts.exchange_durable)
+            )
+        if opts.declare_queue:
+            await channel.rpc(commands.Queue.Declare(queue=opts.declare_queue, durable=True, arguments=opts.queue_arguments or None))
+            if opts.exchange:
+                await channel.rpc(commands.Queue.Bind(queue=opts.declare_queue, exchange=opts.exchange, routing_key=opts.binding_key))
+
+    def _raise_if_broken(self, window: ConfirmWindow, message: Outgoing) -> None:
+        if window.nacked or window.returned:
+            raise self._rejected(window, message)
+
+    def _raise_if_failed(self, failed: asyncio.Future[BaseException], window: ConfirmWindow, message: Outgoing | None) -> None:
+        if failed.done() and not failed.cancelled():
+            reason = failed.result()
+            unconfirmed = window.published - window.acked
+            code = getattr(reason, "code", 0)
+            text = getattr(reason, "text", str(reason))
+            raise AmqpPublishError(
+                f"{unconfirmed} of {window.published} messages published to {_target(self.options, message)} are not confirmed: "
+                f"the broker closed the {'channel' if isinstance(reason, ServerClosedChannel) else 'connection'}"
+                + (f" ({code} {reply_name(code)}: {text})" if code else f" ({text})")
+                + "; the task fails so that Spark retries it"
+            )
+
+    def _rejected(self, window: ConfirmWindow, message: Outgoing) -> AmqpPublishError:
+        parts = []
+        if window.nacked:
+            parts.append(f"{window.nacked} nacked by the broker (a full queue with x-overflow=reject-publish, or a broker failure)")
+        if window.returned:
+            code, text, exchange, key = window.returned[0]
+            parts.append(
+                f"{len(window.returned)} returned as unroutable ({code} {text}; first: exchange '{exchange}', routing key '{key}'; mandatory=true)"
+            )
+        return AmqpPublishError(
+            f"{' and '.join(parts)} of {window.published} messages published to {_target(self.options, message)} "
+            f"({window.acked} confirmed so far); the task fails so that Spark retries it"
+        )
+
+    def _timeout(self, window: ConfirmWindow, message: Outgoing | None) -> AmqpPublishError:
+        return AmqpPublishError(
+            f"{window.outstanding} of {window.published} messages published to {_target(self.options, message)} "
+            f"got no confirm within confirmTimeout={self.options.confirm_timeout:g}s; the task fails so that Spark retries it"
+        )
+
+
+async def _connect(opts: SinkOptions, description: str) -> AmqpClient:
+    try:
+        return await AmqpClient.connect(opts.connection, f"spark-amqp sink {description}")
+    except (OSError, ConnectionLost, asyncio.TimeoutError) as err:
+        raise AmqpPublishError(f"cannot connect to {opts.connection.display_uri}: {err}") from None
+
+
+async def _first_failure(client: AmqpClient, channel: ClientChannel) -> BaseException:
+    reason = await asyncio.shield(channel.closed)
+    if reason is None:
+        reason = await asyncio.shield(client.closed)
+    return reason
+
+
+async def _wait_progress(window: ConfirmWindow, timeout: float, failed: asyncio.Future[BaseException]) -> bool:
+    before = window.confirmed_up_to + len(window._answered)
+    deadline = asyncio.get_running_loop().time() + timeout
+    while window.outstanding and not failed.done():
+        await asyncio.sleep(0.005)
+        now_answered = window.confirmed_up_to + len(window._answered)
+        if now_answered != before:
+            before = now_answered
+            deadline = asyncio.get_running_loop().time() + timeout
+        elif asyncio.get_running_loop().time() > deadline:
+            return False
+    return True
+
+
+def _target(opts: SinkOptions, message: Outgoing | None) -> str:
+    if message is None:
+        return f"exchange '{opts.exchange}'"
+    exchange = message.exchange[1:].decode("utf-8")
+    key = message.routing_key[1:].decode("utf-8")
+    return f"exchange '{exchange}' with routing key '{key}'"
