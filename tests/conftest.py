@@ -105,7 +105,7 @@ def spark():  # type: ignore[no-untyped-def]
     from pyspark.sql import SparkSession
 
     session = (
-        SparkSession.builder.master("local[2]")
+        SparkSession.builder.master("local[2,3]")  # 3 task attempts, as on a cluster
         .appName("spark-amqp-tests")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")

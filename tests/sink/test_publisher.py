@@ -1,0 +1,137 @@
+"""The sink's publisher without Spark: confirms, nacks, returns, timeouts, lost connections."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pyarrow as pa
+import pytest
+
+from spark_amqp.broker import EmbeddedBroker
+from spark_amqp.errors import AmqpOptionError, AmqpPublishError
+from spark_amqp.options import parse_sink_options
+from spark_amqp.sink.columns import MessageBuilder
+from spark_amqp.sink.publisher import PartitionPublisher
+
+from ..broker.helpers import connect, drain
+
+
+def _publish(url: str, table: dict, **options: str):  # type: ignore[no-untyped-def,type-arg]
+    opts = parse_sink_options({"uri": url, **options})
+    batch = pa.RecordBatch.from_pydict(table)
+    builder = MessageBuilder(opts)
+    return asyncio.run(PartitionPublisher(opts).publish([builder.messages(batch)], "test"))
+
+
+def _declare(url: str, queue: str, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    conn = connect(url)
+    conn.channel().queue_declare(queue, **kwargs)
+    conn.close()
+
+
+def test_every_message_confirmed_and_delivered_with_properties(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
+    q = names.queue()
+    _declare(amqp_url, q)
+    n = 2500
+    result = _publish(
+        amqp_url,
+        {
+            "body": [b"m%d" % i for i in range(n)],
+            "message_id": [f"id{i}" for i in range(n)],
+            "priority": [i % 10 for i in range(n)],
+            "headers": [[("k", str(i))] for i in range(n)],
+            "type": ["t"] * n,
+        },
+        routingKey=q,
+        maxInFlight="100",
+    )
+    assert (result.published, result.confirmed) == (n, n)
+    got = drain(connect(amqp_url).channel(), q, limit=n + 1)
+    assert len(got) == n
+    _, props, body = got[7]
+    assert body == b"m7" and props.message_id == "id7" and props.priority == 7 and props.headers == {"k": "7"}
+    assert props.type == "t" and props.delivery_mode == 2  # persistent by default
+
+
+def test_reject_publish_queue_nacks_fail_the_partition(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
+    q = names.queue()
+    _declare(amqp_url, q, arguments={"x-max-length": 10, "x-overflow": "reject-publish"})
+    with pytest.raises(AmqpPublishError, match=r"nacked by the broker") as info:
+        _publish(amqp_url, {"body": [b"x"] * 50}, routingKey=q)
+    assert f"routing key '{q}'" in str(info.value) and "of 50 messages" in str(info.value)
+    assert drain(connect(amqp_url).channel(), q, limit=100).__len__() == 10  # the confirmed ones are there
+
+
+def test_unroutable_with_mandatory_fails_without_mandatory_is_dropped(amqp_url: str) -> None:
+    with pytest.raises(AmqpPublishError, match=r"1 returned as unroutable \(312 NO_ROUTE"):
+        _publish(amqp_url, {"body": [b"x"]}, exchange="amq.direct", routingKey="test.nobody.listens")
+    result = _publish(amqp_url, {"body": [b"x"]}, exchange="amq.direct", routingKey="test.nobody.listens", mandatory="false")
+    assert (result.published, result.confirmed) == (1, 1)
+
+
+def test_missing_exchange_closes_the_channel_and_fails(amqp_url: str) -> None:
+    with pytest.raises(AmqpPublishError, match=r"404 NOT_FOUND"):
+        _publish(amqp_url, {"body": [b"x"] * 5}, exchange="test.no.such.exchange", routingKey="k")
+
+
+def test_injected_nacks(embedded: EmbeddedBroker) -> None:
+    _declare(embedded.url, "q")
+    embedded.nack_next_publishes(3)
+    with pytest.raises(AmqpPublishError, match=r"3 nacked by the broker .* of 20 messages"):
+        _publish(embedded.url, {"body": [b"x"] * 20}, routingKey="q")
+
+
+def test_confirm_timeout(embedded: EmbeddedBroker) -> None:
+    _declare(embedded.url, "q")
+    embedded.hold_confirms()
+    try:
+        with pytest.raises(AmqpPublishError, match=r"5 of 5 messages .* got no confirm within confirmTimeout=0.5s"):
+            _publish(embedded.url, {"body": [b"x"] * 5}, routingKey="q", confirmTimeout="0.5")
+    finally:
+        embedded.release_confirms()
+
+
+def test_connection_dropped_mid_publish_fails(embedded: EmbeddedBroker) -> None:
+    _declare(embedded.url, "q")
+    embedded.hold_confirms()
+    threading.Timer(0.3, lambda: embedded.drop_connections(name_contains="spark-amqp sink")).start()
+    with pytest.raises(AmqpPublishError, match=r"not confirmed: the broker closed the connection"):
+        _publish(embedded.url, {"body": [b"x"] * 50}, routingKey="q", maxInFlight="10")
+    embedded.release_confirms()
+
+
+def test_window_limits_outstanding_confirms(embedded: EmbeddedBroker) -> None:
+    _declare(embedded.url, "q")
+    embedded.hold_confirms(0.5)
+    result = _publish(embedded.url, {"body": [b"x"] * 30}, routingKey="q", maxInFlight="7", confirmTimeout="5")
+    assert result.confirmed == 30
+    assert embedded.queue_stats("q")["ready"] == 30
+
+
+@pytest.mark.parametrize(
+    ("table", "fragment"),
+    [
+        ({"body": [b"ok", None]}, "column 'body' is null in row 1"),
+        ({"body": [b"x"], "routing_key": ["k" * 256]}, "column 'routing_key' in row 0 is 256 bytes"),
+        ({"body": [b"x" * 11]}, "larger than the broker accepts (maxMessageSize 10)"),
+        ({"body": [b"x"], "delivery_mode": [7]}, "invalid message properties"),
+    ],
+)
+def test_bad_values_fail_before_publishing_the_batch(embedded: EmbeddedBroker, table: dict, fragment: str) -> None:  # type: ignore[type-arg]
+    _declare(embedded.url, "q")
+    with pytest.raises(AmqpOptionError) as info:
+        _publish(embedded.url, table, routingKey="q", maxMessageSize="10")
+    assert fragment in str(info.value)
+    assert embedded.queue_stats("q")["ready"] == 0
+
+
+def test_sink_option_errors() -> None:
+    with pytest.raises(AmqpOptionError, match="unknown option 'routing_key'"):
+        parse_sink_options({"uri": "amqp://h/", "routing_key": "k"})
+    with pytest.raises(AmqpOptionError, match="'maxInFlight' must be between 1"):
+        parse_sink_options({"uri": "amqp://h/", "maxInFlight": "0"})
+    with pytest.raises(AmqpOptionError, match="'routingKey' is longer than 255 bytes"):
+        parse_sink_options({"uri": "amqp://h/", "routingKey": "k" * 300})
+    with pytest.raises(AmqpOptionError, match="'declareExchange' needs option 'exchange'"):
+        parse_sink_options({"uri": "amqp://h/", "declareExchange": "true"})
