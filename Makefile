@@ -35,6 +35,7 @@ broker: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/broker_throughput.py
 	$(PY) benchmarks/source_throughput.py
+	$(PY) benchmarks/sink_throughput.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

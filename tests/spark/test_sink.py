@@ -96,3 +96,16 @@ def test_nacks_fail_the_write_with_a_clear_error(spark) -> None:  # type: ignore
         with pytest.raises(Exception, match=r"nacked by the broker"):
             df.write.format("amqp").option("uri", broker.url).option("routingKey", "q").mode("append").save()
         assert wait_for(lambda: broker.queue_stats("q")["ready"] == 0)
+
+
+def test_reject_publish_queue_fails_the_write_naming_the_nacks(spark, amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
+    q = names.queue()
+    conn = connect(amqp_url)
+    conn.channel().queue_declare(q, arguments={"x-max-length": 10, "x-overflow": "reject-publish"})
+    conn.close()
+    df = spark.range(100).selectExpr("cast(id as string) as body").coalesce(1)
+    with pytest.raises(Exception, match=r"nacked by the broker.* of 100 messages published to exchange '' with routing key") as info:
+        df.write.format("amqp").option("uri", amqp_url).option("routingKey", q).mode("append").save()
+    assert "confirmed so far" in str(info.value)
+    # The 10 that fit are in the queue; retries were nacked too, nothing was silently dropped.
+    assert len(drain(connect(amqp_url).channel(), q, limit=200)) == 10
