@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import ssl
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 from pamqp import commands
 
 from .broker import codec
+from .connection import tls_context
 from .options import ConnectionOptions
 
 __all__ = ["AmqpClient", "ClientChannel", "ConnectionLost", "LazyProperties", "LoginRefused", "ServerClosedChannel"]
@@ -269,14 +269,7 @@ class AmqpClient(asyncio.Protocol):
     @classmethod
     async def connect(cls, options: ConnectionOptions, client_name: str) -> AmqpClient:
         loop = asyncio.get_running_loop()
-        ctx = None
-        if options.tls is not None:
-            ctx = ssl.create_default_context(cafile=options.tls.ca_file)
-            ctx.check_hostname = options.tls.check_hostname
-            if not options.tls.check_hostname and options.tls.ca_file is None:
-                ctx.verify_mode = ssl.CERT_NONE
-            if options.tls.cert_file and options.tls.key_file:
-                ctx.load_cert_chain(options.tls.cert_file, options.tls.key_file)
+        ctx = tls_context(options)
         timeout = options.connection_timeout
         _, client = await asyncio.wait_for(
             loop.create_connection(
@@ -424,3 +417,18 @@ class AmqpClient(asyncio.Protocol):
             await asyncio.wait_for(asyncio.shield(self.closed), 5)
         except asyncio.TimeoutError:
             self._lost(ConnectionLost("closed"))
+
+
+async def queue_depths(options: ConnectionOptions, queues: list[str] | tuple[str, ...], client_name: str) -> dict[str, int]:
+    """Ready messages per queue, from passive declares on a short-lived connection."""
+    client = await AmqpClient.connect(options, client_name)
+    try:
+        depths = {}
+        for queue in queues:
+            channel = await client.channel()
+            ok = await channel.rpc(commands.Queue.Declare(queue=queue, passive=True))
+            depths[queue] = int(ok.message_count or 0)
+            await channel.close()
+        return depths
+    finally:
+        await client.close()

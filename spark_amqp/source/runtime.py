@@ -9,6 +9,7 @@ never calls ``commit`` while idle or for the last batch of an AvailableNow run).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import os
@@ -21,9 +22,8 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-import pika
-
-from ..connection import pika_parameters
+from ..client import ConnectionLost, ServerClosedChannel, queue_depths
+from ..errors import AmqpSourceError
 from ..offsets import AmqpSourceOffset, QueuePosition
 from ..options import SourceOptions
 from . import arrow
@@ -311,13 +311,12 @@ class SourceRuntime:
             time.sleep(0.01)
 
     def _queue_depths(self, queues: list[str] | tuple[str, ...]) -> dict[str, int]:
-        conn = pika.BlockingConnection(pika_parameters(self.options.connection, f"spark-amqp source {self.run_id} depth"))
         try:
-            channel = conn.channel()
-            return {q: int(channel.queue_declare(q, passive=True).method.message_count) for q in queues}
-        finally:
-            if conn.is_open:
-                conn.close()
+            return asyncio.run(queue_depths(self.options.connection, queues, f"spark-amqp source {self.run_id} depth"))
+        except ServerClosedChannel as err:
+            raise AmqpSourceError(f"cannot measure the depth of {', '.join(queues)}: {err.code} {err.text}") from None
+        except (OSError, ConnectionLost, asyncio.TimeoutError) as err:
+            raise AmqpSourceError(f"cannot measure queue depths on {self.options.connection.display_uri}: {err}") from None
 
 
 def _in_source_runner() -> bool:
