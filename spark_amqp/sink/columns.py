@@ -24,19 +24,9 @@ from pamqp import commands, header
 
 from ..errors import AmqpOptionError
 from ..options import SinkOptions
+from ..properties import INT_PROPERTIES as INT_PROPERTY_COLUMNS
+from ..properties import STRING_PROPERTIES as STRING_PROPERTY_COLUMNS
 
-STRING_PROPERTY_COLUMNS = (
-    "message_id",
-    "correlation_id",
-    "content_type",
-    "content_encoding",
-    "type",
-    "app_id",
-    "user_id",
-    "reply_to",
-    "expiration",
-)
-INT_PROPERTY_COLUMNS = ("priority", "delivery_mode")
 SOURCE_ONLY_COLUMNS = ("queue", "delivery_tag", "redelivered")
 ACCEPTED = ("body", "routing_key", "exchange", "headers", *STRING_PROPERTY_COLUMNS, *INT_PROPERTY_COLUMNS, "timestamp")
 HEADER_VALUE_TYPES = ("string", "binary", "boolean", "byte", "short", "integer", "long", "float", "double", "timestamp", "decimal")

@@ -21,19 +21,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..properties import STRING_PROPERTIES
 from .session import Delivery
-
-STRING_PROPERTIES = (
-    "message_id",
-    "correlation_id",
-    "content_type",
-    "content_encoding",
-    "type",
-    "app_id",
-    "user_id",
-    "reply_to",
-    "expiration",
-)
 
 SCHEMA_DDL = (
     "body BINARY, queue STRING, exchange STRING, routing_key STRING, delivery_tag BIGINT, redelivered BOOLEAN, "
