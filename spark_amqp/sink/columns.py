@@ -158,7 +158,10 @@ class MessageBuilder:
                     ts = datetime.datetime.fromtimestamp(ts, tz=datetime.timezone.utc)
                 kwargs["timestamp"] = ts
             if "headers" in values and values["headers"][i] is not None:
-                kwargs["headers"] = {str(k): _header_value(v) for k, v in values["headers"][i]}
+                pairs = values["headers"][i]
+                # Arrow maps come as (key, value) pairs; rows (PySpark 4.0 streaming) as dicts.
+                items = pairs.items() if isinstance(pairs, dict) else pairs
+                kwargs["headers"] = {str(k): _header_value(v) for k, v in items}
             try:
                 props = commands.Basic.Properties(**kwargs)
                 out.append(header.ContentHeader(0, 0, props).marshal()[12:])
