@@ -305,8 +305,8 @@ class ConsumerSession:
     async def _shutdown(self) -> None:
         client = self._client
         if client is not None:
-            for consumer in list(self._consumers.values()):
-                await consumer.channel.close()
+            # One connection.close: the broker closes the channels and requeues
+            # their unacked deliveries; it is quick, and Spark does not wait long.
             await client.close()
         if self._main is not None:
             self._main.cancel()
