@@ -29,7 +29,6 @@ _RETURN = struct.pack(">HH", 60, 50)
 _PUBLISH = struct.pack(">HHH", 60, 40, 0)
 _BROKER_ACK = struct.pack(">HH", 60, 80)
 _BROKER_NACK = struct.pack(">HH", 60, 120)
-_FRAME_HEAD = struct.Struct(">BHI")
 _U64 = struct.Struct(">Q")
 _U16 = struct.Struct(">H")
 B = commands.Basic
@@ -218,7 +217,7 @@ class ClientChannel:
         elif isinstance(method, B.Cancel):
             if self.on_cancel is not None:
                 self.on_cancel(method.consumer_tag or "")
-        elif (isinstance(method, commands.Channel.CloseOk) and self._rpc is not None) or (self._rpc is not None and not self._rpc.done()):
+        elif self._rpc is not None and not self._rpc.done():  # the reply to the pending rpc
             self._rpc.set_result(method)
 
     def on_header(self, payload: bytes) -> None:
@@ -299,7 +298,7 @@ class AmqpClient(asyncio.Protocol):
             self._lost(ConnectionLost(f"the broker does not speak AMQP 0-9-1 (it answered {bytes(buf[:8])!r})"))
             return
         offset = 0
-        head = _FRAME_HEAD
+        head = codec.FRAME_HEAD
         try:
             while len(buf) - offset >= 8:
                 ftype, channel, size = head.unpack_from(buf, offset)

@@ -28,6 +28,7 @@ FRAME_HEAD = struct.Struct(">BHI")
 METHOD_ID = struct.Struct(">HH")
 _U16 = struct.Struct(">H")
 _U64 = struct.Struct(">Q")
+_U32_INDEX = struct.Struct(">I")
 HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 
 BASIC_CLASS = 60
@@ -54,9 +55,6 @@ def frame(frame_type: int, channel: int, payload: bytes) -> bytes:
 
 def method_frame(channel: int, method: base.Frame) -> bytes:
     return frame(FRAME_METHOD, channel, _U32_INDEX.pack(method.index) + encode_arguments(method))
-
-
-_U32_INDEX = struct.Struct(">I")
 
 
 def encode_arguments(method: base.Frame) -> bytes:

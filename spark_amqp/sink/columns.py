@@ -108,7 +108,7 @@ class MessageBuilder:
                 raise AmqpOptionError(
                     f"row {i}: body of {len(body)} bytes is larger than the broker accepts (maxMessageSize {limit}); nothing of this batch was published"
                 )
-        keys = self._names(columns.get("routing_key"), n, self.default_key, "routing_key")
+        keys = self._names(columns.get("routing_key"), n, self.default_key or "", "routing_key")
         exchanges = self._names(columns.get("exchange"), n, None, "exchange")
         props = self._property_rows(columns, n)
         cache = self._shortstr_cache
@@ -126,12 +126,13 @@ class MessageBuilder:
             yield Outgoing(exchange, key_bytes, struct.pack(">HHQ", 60, 0, len(body)) + prop_bytes, body)
 
     def _names(self, column: pa.Array | None, n: int, default: str | None, name: str) -> list[Any]:
+        """Per-row names; a null (or no column) takes ``default``."""
         if column is None:
-            return [default or ""] * n if name == "routing_key" else [None] * n
+            return [default] * n
         values: list[Any] = column.to_pylist()
         for i, value in enumerate(values):
             if value is None:
-                values[i] = (default or "") if name == "routing_key" else None
+                values[i] = default
             elif len(value.encode("utf-8")) > 255:
                 raise AmqpOptionError(f"column '{name}' in row {i} is {len(value.encode('utf-8'))} bytes; AMQP allows at most 255")
         return values

@@ -49,8 +49,13 @@ class ConfirmWindow:
         self._room.set()
 
     @property
+    def answered(self) -> int:
+        """Messages the broker has acked or nacked so far."""
+        return self.confirmed_up_to + len(self._answered)
+
+    @property
     def outstanding(self) -> int:
-        return self.published - self.confirmed_up_to - len(self._answered)
+        return self.published - self.answered
 
     def sent(self) -> None:
         self.published += 1
@@ -81,13 +86,27 @@ class ConfirmWindow:
     async def wait_for_room(self, timeout: float, failed: asyncio.Future[BaseException]) -> bool:
         """True when there is room; False when ``timeout`` passed without any confirm."""
         while not self._room.is_set():
-            before = self.confirmed_up_to + len(self._answered)
+            before = self.answered
             waiter: asyncio.Future[Any] = asyncio.ensure_future(self._room.wait())
             done, _ = await asyncio.wait([waiter, failed], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             waiter.cancel()
             if failed in done:
                 return True  # the caller sees the failure
-            if not done and self.confirmed_up_to + len(self._answered) == before:
+            if not done and self.answered == before:
+                return False
+        return True
+
+    async def wait_until_all_answered(self, timeout: float, failed: asyncio.Future[BaseException]) -> bool:
+        """True when every message is answered (or ``failed`` fired); False after ``timeout`` without progress."""
+        loop = asyncio.get_running_loop()
+        before = self.answered
+        deadline = loop.time() + timeout
+        while self.outstanding and not failed.done():
+            await asyncio.sleep(0.005)
+            if self.answered != before:
+                before = self.answered
+                deadline = loop.time() + timeout
+            elif loop.time() > deadline:
                 return False
         return True
 
@@ -120,11 +139,9 @@ class PartitionPublisher:
                     if window.published % YIELD_EVERY == 0:
                         await asyncio.sleep(0)
                     self._raise_if_broken(window, message)
-            while window.outstanding:
-                window._room.clear()
-                if window.outstanding and not await _wait_progress(window, opts.confirm_timeout, failed):
-                    raise self._timeout(window, last)
-                self._raise_if_failed(failed, window, last)
+            if window.outstanding and not await window.wait_until_all_answered(opts.confirm_timeout, failed):
+                raise self._timeout(window, last)
+            self._raise_if_failed(failed, window, last)
             if last is not None:
                 self._raise_if_broken(window, last)
             return PublishResult(window.published, window.acked)
@@ -194,20 +211,6 @@ async def _first_failure(client: AmqpClient, channel: ClientChannel) -> BaseExce
     if reason is None:
         reason = await asyncio.shield(client.closed)
     return reason
-
-
-async def _wait_progress(window: ConfirmWindow, timeout: float, failed: asyncio.Future[BaseException]) -> bool:
-    before = window.confirmed_up_to + len(window._answered)
-    deadline = asyncio.get_running_loop().time() + timeout
-    while window.outstanding and not failed.done():
-        await asyncio.sleep(0.005)
-        now_answered = window.confirmed_up_to + len(window._answered)
-        if now_answered != before:
-            before = now_answered
-            deadline = asyncio.get_running_loop().time() + timeout
-        elif asyncio.get_running_loop().time() > deadline:
-            return False
-    return True
 
 
 def _target(opts: SinkOptions, message: Outgoing | None) -> str:

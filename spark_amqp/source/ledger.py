@@ -59,6 +59,10 @@ class SessionLedger:
         while acked and acked[0].tag <= tag:
             acked.popleft()
 
+    def settled(self, committed: int) -> bool:
+        """Every committed delivery is acked and the broker has proven it."""
+        return not self.acked and all(e.owner == UNPLANNED or e.owner > committed for e in self.unacked)
+
     def owned(self) -> Iterator[Entry]:
         """Entries a batch owns that the broker may still redeliver."""
         yield from self.acked

@@ -18,7 +18,7 @@ import sys
 import time
 import uuid
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
@@ -51,7 +51,6 @@ class SourceMetrics:
     redeliveries_dropped: int = 0
     sessions_lost: int = 0
     acks_sent: int = 0
-    by_queue: Counter[str] = field(default_factory=Counter)
 
 
 class SourceRuntime:
@@ -295,7 +294,6 @@ class SourceRuntime:
         self.planned[end.key] = PlannedBatch(seq, parts, len(rows))
         self.metrics.emitted += len(rows)
         self.metrics.batches += 1
-        self.metrics.by_queue.update(e.delivery.queue for e in taken)
         return end
 
     def _await_acks(self, session: ConsumerSession, timeout: float = 5.0) -> None:
@@ -303,10 +301,7 @@ class SourceRuntime:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self._pump()
-            if all(
-                not ledger.acked and all(e.owner == -1 or e.owner > self.committed_seq for e in ledger.unacked)
-                for ledger in self.ledgers.values()
-            ):
+            if all(ledger.settled(self.committed_seq) for ledger in self.ledgers.values()):
                 return
             time.sleep(0.01)
 
