@@ -19,6 +19,7 @@ from .errors import AmqpOptionError
 
 __all__ = [
     "ConnectionOptions",
+    "JournalOptions",
     "QueueDeclaration",
     "SinkOptions",
     "SourceOptions",
@@ -30,6 +31,8 @@ __all__ = [
 MAX_PREFETCH = 65535  # basic.qos prefetch_count is a 16-bit field
 DEFAULT_PREFETCH = 20_000
 DEFAULT_MAX_MESSAGES_PER_TRIGGER = 10_000
+DEFAULT_JOURNAL_RETENTION = 1800.0
+DEDUPE_MODES = {"messageid": "messageId", "content": "content"}
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,16 @@ class QueueDeclaration:
 
 
 @dataclass(frozen=True)
+class JournalOptions:
+    location: str  # as given: a local path, /Volumes/..., file://, s3://, ... (shown only via display_location)
+    retention: float  # seconds a copy of a journalled batch is still expected back from the broker
+
+    @property
+    def display_location(self) -> str:
+        return _redact_uri(self.location)
+
+
+@dataclass(frozen=True)
 class SourceOptions:
     connection: ConnectionOptions
     queues: tuple[str, ...]
@@ -75,6 +88,9 @@ class SourceOptions:
     max_messages_per_trigger: int
     num_partitions: int | None
     declaration: QueueDeclaration | None
+    journal: JournalOptions | None = None  # None: at-least-once
+    dedupe_by: str = "messageId"  # how a redelivered copy is recognised: "messageId" or "content"
+    exclusive_consumer: bool = False
 
 
 @dataclass(frozen=True)
@@ -120,6 +136,10 @@ SOURCE_KEYS = CONNECTION_KEYS | {
         "queueArguments",
         "bindExchange",
         "bindingKey",
+        "journalLocation",
+        "journalRetention",
+        "dedupeBy",
+        "exclusiveConsumer",
     )
 }
 SINK_KEYS = CONNECTION_KEYS | {
@@ -315,6 +335,17 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         stray = [r.name(k) for k in ("queueDurable", "queueArguments", "bindExchange", "bindingKey") if r.text(k) is not None]
         if stray:
             raise AmqpOptionError(f"option(s) {', '.join(stray)} only apply with declareQueue=true")
+    journal = None
+    location = r.text("journalLocation")
+    if location is not None:
+        if location.strip() == "":
+            raise AmqpOptionError("option 'journalLocation' is empty: give a directory on durable storage, or leave it out")
+        journal = JournalOptions(location.strip(), r.number("journalRetention", DEFAULT_JOURNAL_RETENTION, 1.0))
+    elif r.text("journalRetention") is not None:
+        raise AmqpOptionError("option 'journalRetention' only applies with option 'journalLocation'")
+    dedupe = (r.text("dedupeBy", "messageId") or "").strip()
+    if dedupe.lower() not in DEDUPE_MODES:
+        raise AmqpOptionError(f"option 'dedupeBy' must be messageId or content, got {dedupe!r}")
     return SourceOptions(
         connection=connection,
         queues=queues,
@@ -322,6 +353,10 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         max_messages_per_trigger=max_per_trigger,
         num_partitions=r.integer("numPartitions", None, 1, 10_000),
         declaration=declaration,
+        journal=journal,
+        dedupe_by=DEDUPE_MODES[dedupe.lower()],
+        # Exactly-once holds only while one query reads each queue: enforce it by default.
+        exclusive_consumer=r.boolean("exclusiveConsumer", journal is not None),
     )
 
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections import deque
-from collections.abc import Iterator
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator
 
 from .session import Delivery
 
@@ -63,6 +63,14 @@ class SessionLedger:
         """Every committed delivery is acked and the broker has proven it."""
         return not self.acked and all(e.owner == UNPLANNED or e.owner > committed for e in self.unacked)
 
+    def unproven(self, committed: int) -> Iterator[int]:
+        """Batches that own a committed delivery whose ack the broker has not yet been proven to process."""
+        for entry in self.acked:
+            yield entry.owner
+        for entry in self.unacked:
+            if entry.owner != UNPLANNED and entry.owner <= committed:
+                yield entry.owner
+
     def owned(self) -> Iterator[Entry]:
         """Entries a batch owns that the broker may still redeliver."""
         yield from self.acked
@@ -74,16 +82,20 @@ class SessionLedger:
         return len(self.unacked) + len(self.acked)
 
 
-def fingerprint(delivery: Delivery) -> tuple[str, str]:
-    """How a redelivered copy is recognised: its message id, else a hash of its content."""
+Fingerprint = tuple[str, str]
+
+
+def fingerprint(delivery: Delivery, by: str = "messageId") -> Fingerprint:
+    """How a redelivered copy is recognised: its message id (when ``by`` is messageId and it has one), else its content."""
     props = delivery.props
-    if props.message_id:
+    if by == "messageId" and props.message_id:
         return ("id", str(props.message_id))
     digest = hashlib.blake2b(delivery.body, digest_size=16)
     headers = props.headers or {}
     stable = (
         delivery.exchange,
         delivery.routing_key,
+        props.message_id,
         props.correlation_id,
         props.timestamp,
         props.type,
@@ -106,30 +118,36 @@ class RedeliveryFilter:
     dropped: the count emitted is right whichever way the unproven acks went.
     """
 
-    def __init__(self, retention_seconds: float = 1800.0) -> None:
+    def __init__(self, retention_seconds: float = 1800.0, by: str = "messageId") -> None:
         self.retention = retention_seconds
-        self._owners: dict[tuple[str, tuple[str, str]], deque[int]] = {}
-        self._pass: dict[tuple[str, tuple[str, str]], int] = {}
-        self._expiry: dict[tuple[str, tuple[str, str]], float] = {}
+        self.by = by
+        self._owners: dict[tuple[str, Fingerprint], deque[int]] = {}
+        self._pass: dict[tuple[str, Fingerprint], int] = {}
+        self._expiry: dict[tuple[str, Fingerprint], float] = {}
+        self._per_owner: Counter[int] = Counter()
 
     def session_lost(self, owned: list[Entry], unplanned: list[Entry]) -> None:
-        expires = time.monotonic() + self.retention
-        for entry in owned:
-            key = (entry.delivery.queue, fingerprint(entry.delivery))
-            self._owners.setdefault(key, deque()).append(entry.owner)
-            self._expiry[key] = expires
+        self.expect(((e.delivery.queue, fingerprint(e.delivery, self.by)), e.owner) for e in owned)
         if not self._owners:
             return
         for entry in unplanned:
-            key = (entry.delivery.queue, fingerprint(entry.delivery))
+            key = (entry.delivery.queue, fingerprint(entry.delivery, self.by))
             if key in self._owners:
                 self._pass[key] = self._pass.get(key, 0) + 1
+
+    def expect(self, copies: Iterable[tuple[tuple[str, Fingerprint], int]]) -> None:
+        """Copies that may come back redelivered, each ``((queue, fingerprint), owning batch)``."""
+        expires = time.monotonic() + self.retention
+        for key, owner in copies:
+            self._owners.setdefault(key, deque()).append(owner)
+            self._expiry[key] = expires
+            self._per_owner[owner] += 1
 
     def match(self, delivery: Delivery) -> int | None:
         """The owning batch of a redelivered copy, consuming one occurrence; None if it is to be emitted."""
         if not self._owners:
             return None
-        key = (delivery.queue, fingerprint(delivery))
+        key = (delivery.queue, fingerprint(delivery, self.by))
         owners = self._owners.get(key)
         if not owners:
             return None
@@ -138,12 +156,18 @@ class RedeliveryFilter:
             self._pass[key] = passing - 1
             return None
         owner = owners.popleft()
+        self._per_owner[owner] -= 1
         if not owners:
             self._forget(key)
         return owner
 
-    def _forget(self, key: tuple[str, tuple[str, str]]) -> None:
-        self._owners.pop(key, None)
+    def holds(self, owner: int) -> bool:
+        """Whether a copy owned by batch ``owner`` is still expected."""
+        return self._per_owner[owner] > 0
+
+    def _forget(self, key: tuple[str, Fingerprint]) -> None:
+        for owner in self._owners.pop(key, ()):
+            self._per_owner[owner] -= 1
         self._pass.pop(key, None)
         self._expiry.pop(key, None)
 

@@ -14,6 +14,7 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple, TypeVar
@@ -83,6 +84,8 @@ class ConsumerSession:
         self._client: AmqpClient | None = None
         self._consumers: dict[str, _Consumer] = {}  # session id -> consumer
         self._consuming: set[str] = set()
+        self._subscribed_once: set[str] = set()
+        self._exclusive_refused_since: dict[str, float] = {}
         self._last_error = ""
         self._main: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Future[None]] = set()
@@ -242,12 +245,25 @@ class ConsumerSession:
             self._started.set()
 
     async def _basic_consume(self, consumer: _Consumer) -> None:
-        ok = await consumer.channel.rpc(commands.Basic.Consume(queue=consumer.queue))
+        ok = await consumer.channel.rpc(commands.Basic.Consume(queue=consumer.queue, exclusive=self.options.exclusive_consumer))
         consumer.tag = ok.consumer_tag
+        self._subscribed_once.add(consumer.queue)
+        self._exclusive_refused_since.pop(consumer.queue, None)
 
     def _on_channel_error(self, queue: str, reason: ServerClosedChannel) -> bool:
         """Log a channel closed by the broker; True when it is fatal for the query."""
         display = self.options.connection.display_uri
+        if reason.code == 403 and self.options.exclusive_consumer and "exclusive" in reason.text:
+            if self._exclusive_conflict_is_transient(queue):
+                return False
+            self.fatal = AmqpSourceError(
+                f"queue '{queue}' on {display} already has an exclusive consumer ({reason.code} {reply_name(reason.code)}: "
+                f"{reason.text}). Exactly-once (journalLocation) needs one streaming query per queue; stop the other "
+                "query, or set exclusiveConsumer=false if you accept duplicates"
+            )
+            if self._client is not None:
+                self._background(self._client.close())
+            return True
         if reason.code in FATAL_CHANNEL_CODES:
             what = FATAL_CHANNEL_CODES[reason.code]
             self.fatal = AmqpSourceError(f"queue '{queue}' on {display}: {what} ({reason.code} {reply_name(reason.code)}: {reason.text})")
@@ -266,6 +282,18 @@ class ConsumerSession:
         else:
             log.warning("AMQP source: channel for queue '%s' closed (%s %s); reopening", queue, reason.code, reason.text)
         return False
+
+    def _exclusive_conflict_is_transient(self, queue: str) -> bool:
+        """After a reconnect, the broker may still hold our previous consumer until it notices the old connection is dead."""
+        if queue not in self._subscribed_once:
+            return False
+        now = time.monotonic()
+        since = self._exclusive_refused_since.setdefault(queue, now)
+        grace = 2 * (self.options.connection.heartbeat or 60) + 5
+        if now - since > grace:
+            return False
+        log.warning("AMQP source: queue '%s' still has an exclusive consumer (probably our previous connection); retrying", queue)
+        return True
 
     def _session_lost(self, consumer: _Consumer, reason: str) -> None:
         if self._consumers.pop(consumer.session, None) is not None:

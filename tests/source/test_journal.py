@@ -1,0 +1,268 @@
+"""Exactly-once with ``journalLocation``: replays from the journal, redelivered copies dropped, the journal kept small.
+
+A "crash" here is a runtime abandoned without committing: its connection
+closes, the broker requeues what it had not acknowledged, and a new runtime
+(a restarted query) meets the same journal, driven the way Spark restarts.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+from pathlib import Path
+
+import pika
+import pytest
+
+from spark_amqp.errors import AmqpSourceError
+from spark_amqp.source.journal import BatchJournal
+
+from ..brokers import counts, publish
+from .driver import MicroBatchDriver
+
+
+def _ids(rows: list[dict]) -> list[str]:  # type: ignore[type-arg]
+    return [r["message_id"] for r in rows]
+
+
+def _journal_files(path: Path) -> list[str]:
+    return sorted(os.listdir(path)) if path.exists() else []
+
+
+def _driver(url: str, queue: str, journal: Path, **options: object) -> MicroBatchDriver:
+    return MicroBatchDriver(url, queue, journalLocation=str(journal), **options)
+
+
+def _crash(d: MicroBatchDriver) -> None:
+    d.close()  # no commit: to the broker this is a dead consumer, its deliveries are requeued
+
+
+def _purge(url: str, queue: str) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    conn.channel().queue_purge(queue)
+    conn.close()
+
+
+def _replay(d: MicroBatchDriver, start: dict, end: dict) -> list[dict]:  # type: ignore[type-arg]
+    d.start = start
+    return d.run_batch(start, end, commit_previous=False)
+
+
+def test_replayed_batch_is_identical_and_its_redelivered_copies_are_dropped(amqp_url: str, names, embedded_or_none, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    q, journal = names.queue(), tmp_path / "journal"
+    publish(amqp_url, q, [b"m%d" % i for i in range(30)], message_id=lambda i: f"id-{i}")
+    first = _driver(amqp_url, q, journal, maxMessagesPerTrigger=10, prefetch=30)
+    start, end = first.plan()
+    original = first.run_batch(start, end)
+    assert len(original) == 10 and len(_journal_files(journal)) == 2  # data + manifest
+    _crash(first)  # the sink wrote the batch; Spark had not yet logged the commit
+
+    second = _driver(amqp_url, q, journal, maxMessagesPerTrigger=10, prefetch=30)
+    try:
+        assert _replay(second, start, end) == original  # every column, including the original tags
+        rest = second.drain(30)[10:]
+        assert sorted(_ids(original + rest)) == sorted(f"id-{i}" for i in range(30))
+        assert second.runtime.metrics.redeliveries_dropped == 10
+        second.idle_until(lambda: counts(amqp_url, q, embedded_or_none) == (0, 0) and not _journal_files(journal))
+    finally:
+        second.close()
+
+
+def test_batch_planned_but_never_logged_is_read_again(amqp_url: str, names, embedded_or_none, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    q, journal = names.queue(), tmp_path / "journal"
+    publish(amqp_url, q, [b"m%d" % i for i in range(30)], message_id=lambda i: f"id-{i}")
+    first = _driver(amqp_url, q, journal, maxMessagesPerTrigger=10, prefetch=30)
+    start, end = first.plan()
+    committed = first.run_batch(start, end)
+    assert first.plan() is not None  # batch 2 journalled; the crash comes before Spark logs its offset
+    _crash(first)
+
+    # Batch 1's ack was sent, maybe not proven: its entry stays until the retention bound.
+    second = _driver(amqp_url, q, journal, maxMessagesPerTrigger=10, prefetch=30, journalRetention=2)
+    try:
+        second.start = end  # Spark resumes after the last logged (and committed) batch
+        rest = second.drain(20)
+        assert sorted(_ids(committed + rest)) == sorted(f"id-{i}" for i in range(30))
+        second.idle_until(lambda: counts(amqp_url, q, embedded_or_none) == (0, 0) and not _journal_files(journal))
+    finally:
+        second.close()
+
+
+def test_content_fingerprints_count_identical_messages(amqp_url: str, names, embedded_or_none, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    q, journal = names.queue(), tmp_path / "journal"
+    bodies = [b"same"] * 12 + [b"m%d" % i for i in range(8)]  # no message ids; twelve identical copies
+    publish(amqp_url, q, bodies, message_id=lambda i: f"ignored-{i}")
+    first = _driver(amqp_url, q, journal, maxMessagesPerTrigger=7, prefetch=20, dedupeBy="content")
+    start, end = first.plan()
+    original = first.run_batch(start, end)
+    _crash(first)
+
+    second = _driver(amqp_url, q, journal, maxMessagesPerTrigger=7, prefetch=20, dedupeBy="content")
+    try:
+        assert _replay(second, start, end) == original
+        rows = second.drain(20)
+        assert collections.Counter(r["body"] for r in rows) == collections.Counter(bodies)
+        second.idle_until(lambda: counts(amqp_url, q, embedded_or_none) == (0, 0))
+    finally:
+        second.close()
+
+
+def test_message_ids_dedupe_even_if_content_differs(embedded, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """dedupeBy=messageId (the default): the id is the message's identity, whatever else changes."""
+    journal = tmp_path / "journal"
+    publish(embedded.url, "q", [b"a", b"b"], message_id=lambda i: f"id-{i}")
+    first = _driver(embedded.url, "q", journal)
+    start, end = first.plan()
+    first.run_batch(start, end)
+    _crash(first)
+    second = _driver(embedded.url, "q", journal)
+    try:
+        _replay(second, start, end)
+        second.idle_until(lambda: counts(embedded.url, "q", embedded) == (0, 0))
+        assert second.runtime.metrics.redeliveries_dropped == 2 and second.plan(wait=0.3) is None
+    finally:
+        second.close()
+
+
+def test_a_new_checkpoint_discards_the_old_journal(embedded, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    journal = tmp_path / "journal"
+    publish(embedded.url, "q", [b"m%d" % i for i in range(5)], message_id=lambda i: f"id-{i}")
+    first = _driver(embedded.url, "q", journal)
+    start, end = first.plan()
+    first.run_batch(start, end)
+    _crash(first)
+    fresh = _driver(embedded.url, "q", journal)  # starts from the initial offset: a new checkpoint
+    try:
+        assert sorted(_ids(fresh.drain(5))) == [f"id-{i}" for i in range(5)]
+        fresh.idle_until(lambda: counts(embedded.url, "q", embedded) == (0, 0) and not _journal_files(journal))
+    finally:
+        fresh.close()
+
+
+def test_acks_maybe_sent_content_copies_come_out_again_never_lost(embedded, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A committed batch whose ack may have reached the broker: identical content cannot be told apart, so emit."""
+    journal = tmp_path / "journal"
+    publish(embedded.url, "q", [b"x", b"y"])
+    first = _driver(embedded.url, "q", journal, dedupeBy="content")
+    start, end = first.plan()
+    first.run_batch(start, end)
+    store = BatchJournal(str(journal), str(journal))
+    (entry,) = store.load()
+    store.mark_acking([entry])  # as if the ack had been on its way when the process died
+    _crash(first)
+    second = _driver(embedded.url, "q", journal, dedupeBy="content")
+    try:
+        second.start = end
+        assert sorted(r["body"] for r in second.drain(2)) == [b"x", b"y"]  # at least once
+    finally:
+        second.close()
+
+
+def test_copies_that_never_come_back_expire_after_the_retention(embedded, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    journal = tmp_path / "journal"
+    publish(embedded.url, "q", [b"m"], message_id="only")
+    first = _driver(embedded.url, "q", journal)
+    start, end = first.plan()
+    first.run_batch(start, end)
+    _crash(first)
+    _purge(embedded.url, "q")  # the copies the journal expects are gone (as if their ack had been processed)
+    second = _driver(embedded.url, "q", journal, journalRetention=1)
+    try:
+        second.start = end
+        second.idle_until(lambda: not _journal_files(journal), timeout=5)
+    finally:
+        second.close()
+
+
+def test_a_journal_of_other_queues_is_refused(embedded, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    journal = tmp_path / "journal"
+    publish(embedded.url, "a", [b"m"])
+    publish(embedded.url, "b", [b"m"])
+    first = _driver(embedded.url, "a", journal)
+    _, end = first.plan()
+    _crash(first)
+    other = _driver(embedded.url, "b", journal)
+    try:
+        with pytest.raises(AmqpSourceError, match="give every query its own journal"):
+            other.runtime.latest_offset(end, None)
+    finally:
+        other.close()
+
+
+def test_a_second_consumer_on_the_queue_is_refused(amqp_url: str, names, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    q = names.queue()
+    publish(amqp_url, q, [b"m"])
+    first = _driver(amqp_url, q, tmp_path / "one")
+    second = _driver(amqp_url, q, tmp_path / "two")
+    try:
+        assert first.plan() is not None
+        with pytest.raises(AmqpSourceError, match=r"exclusive consumer.*one streaming query per queue"):
+            second.plan(wait=0.1)
+    finally:
+        first.close()
+        second.close()
+
+
+# -- the journal's files ------------------------------------------------------------------
+
+
+def _parts(*values: bytes) -> list[bytes]:
+    return [b"ipc:" + v for v in values]  # the journal stores partitions' bytes as they are
+
+
+def test_journal_round_trip_and_numbering_across_runs(tmp_path: Path) -> None:
+    one = BatchJournal(str(tmp_path), "j")
+    a = one.write("s0", "s1", _parts(b"a", b"bb"), {"q": [("id", "1"), ("fp", "ab")]})
+    b = one.write("s1", "s2", _parts(b"c"), {"q": [("id", "2")]})
+    two = BatchJournal(f"file://{tmp_path}", "j")
+    loaded = two.load()
+    assert [(e.number, e.start, e.end, e.rows, e.acking) for e in loaded] == [(1, "s0", "s1", 2, False), (2, "s1", "s2", 1, False)]
+    assert two.parts(loaded[0]) == _parts(b"a", b"bb") and loaded[0].fingerprints == a.fingerprints
+    assert two.write("s2", "s3", _parts(b"d"), {}).number == 3  # numbers keep growing: manifests sort in planning order
+    two.mark_acking([loaded[1]])
+    assert [e.acking for e in BatchJournal(str(tmp_path), "j").load()] == [False, True, False]
+    two.delete(b)
+    assert sorted(os.listdir(tmp_path)) == [
+        "batch-000000000001.arrows",
+        "batch-000000000001.json",
+        "batch-000000000003.arrows",
+        "batch-000000000003.json",
+    ]
+
+
+def test_an_interrupted_write_is_not_a_batch(tmp_path: Path) -> None:
+    (tmp_path / "batch-000000000007.arrows").write_bytes(b"partial")  # crashed before the manifest
+    (tmp_path / "batch-000000000007.json.tmp").write_bytes(b"{")
+    assert BatchJournal(str(tmp_path), "j").load() == []
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_damaged_journal_is_a_clear_error(tmp_path: Path) -> None:
+    journal = BatchJournal(str(tmp_path), "j")
+    entry = journal.write("s0", "s1", _parts(b"a"), {"q": [("id", "1")]})
+    (tmp_path / "batch-000000000001.arrows").write_bytes(b"cut")
+    with pytest.raises(AmqpSourceError, match="modified or truncated"):
+        journal.parts(entry)
+    (tmp_path / "batch-000000000001.json").write_text(json.dumps({"v": 99}))
+    with pytest.raises(AmqpSourceError, match="not a journal manifest"):
+        journal.load()
+
+
+def test_options_for_exactly_once() -> None:
+    from spark_amqp.errors import AmqpOptionError
+    from spark_amqp.options import parse_source_options
+
+    base = {"uri": "amqp://h", "queue": "q"}
+    opts = parse_source_options({**base, "journalLocation": "/tmp/j"})
+    assert opts.journal is not None and opts.journal.retention == 1800 and opts.exclusive_consumer and opts.dedupe_by == "messageId"
+    assert not parse_source_options(base).exclusive_consumer
+    assert parse_source_options({**base, "dedupeby": "CONTENT"}).dedupe_by == "content"
+    with pytest.raises(AmqpOptionError, match="'dedupeBy' must be messageId or content"):
+        parse_source_options({**base, "dedupeBy": "hash"})
+    with pytest.raises(AmqpOptionError, match="'journalRetention' only applies with option 'journalLocation'"):
+        parse_source_options({**base, "journalRetention": "60"})
+    with pytest.raises(AmqpOptionError, match="'journalLocation' is empty"):
+        parse_source_options({**base, "journalLocation": " "})
+    secret = parse_source_options({**base, "journalLocation": "s3://key:secret@bucket/j"})
+    assert secret.journal is not None and "secret" not in secret.journal.display_location
