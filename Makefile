@@ -1,11 +1,14 @@
 # Every target installs what it needs into .venv first (a fresh machine needs
-# only python3 and a JDK; Spark tests also need Java 17+).
+# only python3 and a JDK; Spark tests also need Java 17+). `test` and `demo` also
+# fetch the Delta Lake jars into .cache/jars with Maven (mvn), see conf/delta/pom.xml.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+JARS_DIR := .cache/jars
+JARS_STAMP := $(JARS_DIR)/.stamp
 
-.PHONY: install test lint demo bench broker clean
+.PHONY: install jars test lint demo bench broker clean
 
 $(STAMP): pyproject.toml conf/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -15,8 +18,19 @@ $(STAMP): pyproject.toml conf/constraints.txt
 
 install: $(STAMP)
 
+## Delta Lake's jars for local Spark sessions (examples/sparkenv.py): Spark's own
+## resolver (spark.jars.packages) is not used, Maven copies them once.
+$(JARS_STAMP): conf/delta/pom.xml
+	@command -v mvn >/dev/null 2>&1 || { echo "make jars needs Maven (mvn) and a JDK, e.g. apt-get install maven" >&2; exit 1; }
+	mkdir -p $(JARS_DIR)
+	rm -f $(JARS_DIR)/*.jar $(JARS_STAMP)
+	mvn -B -q -f conf/delta/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(abspath $(JARS_DIR))
+	touch $(JARS_STAMP)
+
+jars: $(JARS_STAMP)
+
 ## Run the test suite (embedded broker always; real RabbitMQ too when AMQP_TEST_URL is set).
-test: $(STAMP)
+test: $(STAMP) $(JARS_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
@@ -24,9 +38,9 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-## The main job: embedded broker -> streaming source -> Parquet, with progress and a summary.
-demo: $(STAMP)
-	$(PY) examples/amqp_stream_demo.py $(DEMO_ARGS)
+## The main job: embedded broker -> streaming source -> Delta table (exactly once), with progress and a summary.
+demo: $(STAMP) $(JARS_STAMP)
+	$(PY) examples/amqp_to_delta.py $(DEMO_ARGS)
 
 ## Start a standalone embedded broker on 127.0.0.1:5672.
 broker: $(STAMP)

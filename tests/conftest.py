@@ -97,8 +97,10 @@ def embedded_or_none(broker_kind: str, request: pytest.FixtureRequest) -> Embedd
 
 @pytest.fixture(scope="session")
 def spark():  # type: ignore[no-untyped-def]
-    """One local SparkSession for every Spark test (starting one costs ~8 s)."""
+    """One local SparkSession for every Spark test (starting one costs ~8 s), with Delta Lake."""
     import sys
+
+    import sparkenv  # examples/sparkenv.py (pythonpath in setup.cfg); Delta's jars come from `make jars`
 
     os.environ["PYSPARK_PYTHON"] = sys.executable  # workers need pyarrow and spark_amqp
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -107,6 +109,7 @@ def spark():  # type: ignore[no-untyped-def]
     session = (
         SparkSession.builder.master("local[2,3]")  # 3 task attempts, as on a cluster
         .appName("spark-amqp-tests")
+        .config(map=sparkenv.delta_conf())  # Delta's jars, SQL extension and catalog
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.session.timeZone", "UTC")
