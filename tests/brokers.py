@@ -42,3 +42,26 @@ def publish(url: str, queue: str, bodies: list[bytes], declare: bool = True, **p
         props = pika.BasicProperties(**{k: (v(i) if callable(v) else v) for k, v in props_kwargs.items()})
         ch.basic_publish("", queue, body, props)
     conn.close()
+
+
+def drop_source_connections(url: str, embedded: EmbeddedBroker | None) -> int:
+    """Cut the streaming source's consumer connections, as a network failure would; how many were cut."""
+    if embedded is not None and url == embedded.url:
+        return embedded.drop_connections(name_contains="spark-amqp source")
+    ctl = shutil.which("rabbitmqctl")
+    if ctl is None:
+        raise RuntimeError("rabbitmqctl is needed to close connections on RabbitMQ")
+    listing = subprocess.run(
+        [ctl, "list_connections", "-q", "--no-table-headers", "pid", "client_properties"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    cut = 0
+    for line in listing.splitlines():
+        pid, _, props = line.partition("\t")
+        if "spark-amqp source" in props and "depth" not in props:
+            subprocess.run([ctl, "close_connection", pid, "test: connection dropped"], check=True, capture_output=True, timeout=60)
+            cut += 1
+    return cut
