@@ -2,13 +2,15 @@
 
     AMQP_TEST_URL=amqp://guest:guest@127.0.0.1:5672/%2F python benchmarks/source_throughput.py
 
-For each sink (noop, parquet) it preloads ``--messages`` x 200-byte messages,
+For each sink (noop, parquet, delta, delta with the batch journal) it preloads
+``--messages`` x 200-byte messages,
 streams them with Trigger.AvailableNow, and divides by the time from the first
 batch's start to the last batch's end (query start-up, 5-9 s on 2 cores, is
 reported apart). The baseline is pika's SelectConnection consumer with prefetch
 1000 and a multi-ack every 1000 on the same queue contents. Then it streams a
 ``--backlog`` queue and samples the source runner's resident memory, which
-must stay flat (bounded by the prefetch, not the backlog).
+must stay flat (bounded by the prefetch, not the backlog). The two Delta runs
+alternate ``--repeat`` times; the journal's cost is the ratio of their medians.
 
 Without AMQP_TEST_URL it runs against the embedded broker in its own process.
 """
@@ -19,6 +21,7 @@ import argparse
 import contextlib
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import threading
@@ -26,6 +29,7 @@ import time
 from collections.abc import Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 
 import pika_baseline as pb
 from pyspark.sql.streaming import StreamingQueryListener
@@ -35,16 +39,16 @@ RUNNER = "python_streaming_source_runner"
 
 
 def spark_session():  # type: ignore[no-untyped-def]
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
+    from sparkenv import local_spark
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.memory", "2g")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
+    spark = local_spark(
+        "spark-amqp source benchmark",
+        **{
+            "spark.sql.shuffle.partitions": "2",
+            "spark.driver.memory": "2g",
+            "spark.ui.showConsoleProgress": "false",
+            "spark.databricks.delta.snapshotPartitions": "2",
+        },
     )
     spark.sparkContext.setLogLevel("ERROR")
     return spark
@@ -97,20 +101,21 @@ def stream_once(spark, url: str, queue: str, sink: str, max_per_trigger: int, wo
     Steady state leaves out the first batch, which also pays for the query's first
     Python worker (imports, about 2 s on 2 cores) and holds whatever arrived first.
     """
-    ckpt = os.path.join(workdir, f"ckpt-{sink}-{time.monotonic_ns()}")
-    df = (
+    run = f"{sink}-{time.monotonic_ns()}"
+    reader = (
         spark.readStream.format("amqp")
         .option("uri", url)
         .option("queue", queue)
         .option("maxMessagesPerTrigger", str(max_per_trigger))
         .option("prefetch", str(min(65535, 2 * max_per_trigger)))
-        .load()
     )
-    writer = df.writeStream.option("checkpointLocation", ckpt).trigger(availableNow=True)
-    if sink == "parquet":
-        writer = writer.format("parquet").option("path", os.path.join(workdir, f"out-{time.monotonic_ns()}"))
-    else:
+    if sink.endswith("+journal"):
+        reader = reader.option("journalLocation", os.path.join(workdir, f"journal-{run}"))
+    writer = reader.load().writeStream.option("checkpointLocation", os.path.join(workdir, f"ckpt-{run}")).trigger(availableNow=True)
+    if sink == "noop":
         writer = writer.format("noop")
+    else:
+        writer = writer.format(sink.split("+")[0]).option("path", os.path.join(workdir, f"out-{run}"))
     totals = ProgressTotals()
     spark.streams.addListener(totals)
     try:
@@ -174,6 +179,8 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--max-per-trigger", type=int, default=32_000)
     parser.add_argument("--backlog", type=int, default=1_000_000, help="messages for the memory check (0 to skip)")
+    parser.add_argument("--sinks", default="noop,parquet")
+    parser.add_argument("--repeat", type=int, default=3, help="alternating runs of delta without and with the journal")
     args = parser.parse_args()
     spark = spark_session()
     workdir = tempfile.mkdtemp(prefix="amqp-bench-")
@@ -185,16 +192,29 @@ def main() -> None:
             raw = args.messages / pb.consume(url, queue, args.messages, prefetch=1000, ack_every=1000)
             preload(url, queue, 20_000)  # warm up the JVM and Python workers; not measured
             stream_once(spark, url, queue, "noop", args.max_per_trigger, workdir)
+            if args.repeat:  # Delta's first write in a JVM loads and compiles a lot
+                preload(url, queue, 20_000)
+                stream_once(spark, url, queue, "delta+journal", args.max_per_trigger, workdir)
             print(f"raw pika consumer (prefetch 1000, multi-ack/1000): {raw:9.0f} msg/s")
-            for sink in ("noop", "parquet"):
+            sinks = [s for s in args.sinks.split(",") if s] + ["delta", "delta+journal"] * args.repeat
+            rates: dict[str, list[float]] = {}
+            for sink in sinks:
                 preload(url, queue, args.messages)
                 with RssSampler() as rss:
                     processing, wall, rows, steady = stream_once(spark, url, queue, sink, args.max_per_trigger, workdir)
                 assert rows == args.messages, f"{sink}: read {rows} of {args.messages}"
                 rate = rows / processing
+                rates.setdefault(sink, []).append(rate)
                 print(
-                    f"source -> {sink:8s}: steady {steady:7.0f} msg/s = {steady / raw:.2f}x raw pika; all batches {rate:7.0f} msg/s = "
-                    f"{rate / raw:.2f}x; incl. query start-up {rows / wall:7.0f} msg/s ({wall:4.1f} s); runner peak RSS {rss.peak / 2**20:.0f} MiB"
+                    f"source -> {sink:13s}: steady {steady:7.0f} msg/s = {steady / raw:.2f}x raw pika; all batches {rate:7.0f} msg/s = "
+                    f"{rate / raw:.2f}x; incl. query start-up {rows / wall:7.0f} msg/s ({wall:4.1f} s); runner peak RSS {rss.peak / 2**20:.0f} MiB",
+                    flush=True,
+                )
+            if args.repeat:
+                off, on = statistics.median(rates["delta"]), statistics.median(rates["delta+journal"])
+                print(
+                    f"journal: delta {off:7.0f} msg/s without, {on:7.0f} msg/s with (medians of {args.repeat}) "
+                    f"= {on / off:.2f}x, a cost of {100 * (1 - on / off):.1f}% (goal: at most 20%)"
                 )
             if args.backlog:
                 preload(url, queue, args.backlog)
