@@ -70,9 +70,12 @@ def _log_commit(messages: list[Any], batch_id: int | None) -> None:
 def _log_abort(messages: list[Any], batch_id: int | None) -> None:
     done = [m for m in messages if isinstance(m, AmqpCommitMessage)]
     where = f"batch {batch_id}" if batch_id is not None else "write"
+    # A failed task sends no commit message: what it confirmed before failing is
+    # only in its own error, so count completed partitions and say so.
     log.warning(
-        "AMQP sink %s aborted: %d of %d partitions had published and confirmed %d messages before the failure; "
-        "a retry publishes them again (at-least-once)",
+        "AMQP sink %s aborted: %d of %d partitions completed (%d messages confirmed); the failed ones may have "
+        "had part of their messages confirmed before failing (their task errors give the counts). A retry "
+        "publishes all of them again (at-least-once)",
         where,
         len(done),
         len(messages),

@@ -27,8 +27,8 @@ from ..errors import AmqpSourceError
 from ..offsets import AmqpSourceOffset, QueuePosition
 from ..options import SourceOptions
 from . import arrow
-from .journal import BatchJournal, JournalEntry, classify
-from .ledger import Entry, Fingerprint, RedeliveryFilter, SessionLedger, fingerprint
+from .journalled import JournalledBatches
+from .ledger import Entry, RedeliveryFilter, SessionLedger
 from .session import AckConfirmed, ConsumerSession, Delivery, SessionClosed
 
 log = logging.getLogger("spark_amqp.source")
@@ -64,11 +64,8 @@ class SourceRuntime:
         self.dead_sessions: set[str] = set()
         journal = options.journal
         self.filter = RedeliveryFilter(journal.retention if journal else 1800.0, options.dedupe_by)
-        self.journal = BatchJournal(journal.location, journal.display_location) if journal else None
+        self.journalled = JournalledBatches(journal, options.queues, self.filter) if journal else None
         self.recovered = journal is None  # journal read back and matched to Spark's offsets
-        self.journalled: dict[int, JournalEntry] = {}  # batch seq -> its journal entry, until deleted
-        self._acking_marked: set[int] = set()
-        self._retire_after = 0.0
         self.planned: dict[str, PlannedBatch] = {}
         self.next_seq = 1
         self.committed_seq = 0
@@ -220,7 +217,8 @@ class SourceRuntime:
                 ledger = ledgers.get(item.session)
                 if ledger is not None:
                     ledger.confirmed(item.tag)
-                    self._retire_after = 0.0  # a proven ack may free journal entries at once
+                    if self.journalled is not None:
+                        self.journalled.ack_proven()
         filt.expire()
 
     def _session_closed(self, event: SessionClosed) -> None:
@@ -245,8 +243,8 @@ class SourceRuntime:
 
     def _acknowledge(self) -> None:
         assert self.session is not None
-        if self.journal is not None:
-            self._mark_acking()
+        if self.journalled is not None:
+            self.journalled.before_acks(self.committed_seq)
         for sid, ledger in self.ledgers.items():
             tag = ledger.advance(self.committed_seq)
             if tag is not None:
@@ -310,13 +308,8 @@ class SourceRuntime:
         step = math.ceil(len(rows) / count)
         parts = [arrow.to_ipc(batch.slice(i, step)) for i in range(0, len(rows), step)]
         end = origin.advanced(positions)
-        if self.journal is not None:
-            # Durable before Spark writes the offset to its log: a replay reads it back.
-            by = self.options.dedupe_by
-            prints: dict[str, list[Fingerprint]] = {}
-            for entry in taken:
-                prints.setdefault(entry.delivery.queue, []).append(fingerprint(entry.delivery, by))
-            self.journalled[seq] = self.journal.write(origin.key, end.key, parts, prints)
+        if self.journalled is not None:  # durable before Spark logs the offset: a replay reads it back
+            self.journalled.record(seq, origin.key, end.key, parts, taken, self.options.dedupe_by)
         self.planned[end.key] = PlannedBatch(seq, parts, len(rows))
         self.metrics.emitted += len(rows)
         self.metrics.batches += 1
@@ -332,80 +325,20 @@ class SourceRuntime:
                 return
             time.sleep(0.01)
 
-    # -- the batch journal (exactly-once) -----------------------------------------------
-
     def _recover(self, frontier: str, replay: str | None) -> None:
-        """Match the journal to Spark's offsets: which batches are committed, replayed, or never logged.
-
-        ``frontier`` is the start of the batch Spark asks for next (or replays);
-        ``replay`` the end of a batch Spark replays. Runs before the first
-        delivery is looked at, so every redelivered copy meets the filter.
-        """
-        assert self.journal is not None
+        assert self.journalled is not None
         self.recovered = True
-        entries = self.journal.load()
-        if not entries:
-            return
-        initial = AmqpSourceOffset.initial(self.options.queues).key
-        plan = classify(entries, frontier, replay, initial, self.journal.display)
-        if plan.stale:
-            log.warning("AMQP source: new checkpoint; discarding %d batch(es) of an earlier one from the journal", len(entries))
-        for entry in plan.discard:
-            self.journal.delete(entry)
-        for entry in plan.committed:
-            self.committed_seq = self._adopt(entry)
-        replayed = plan.replayed
-        if replayed is not None:
-            seq = self._adopt(replayed)
-            self.planned[replayed.end] = PlannedBatch(seq, self.journal.parts(replayed), replayed.rows)
-        log.info(
-            "AMQP source: journal %s: %d committed batch(es) whose copies may come back, %s, %d never-logged batch(es) dropped",
-            self.journal.display,
-            len(plan.committed),
-            f"replaying {replayed.rows} row(s)" if replayed else "nothing to replay",
-            len(plan.discard),
-        )
-
-    def _adopt(self, entry: JournalEntry) -> int:
-        """Give an earlier run's journalled batch a sequence number here, and expect its copies back."""
-        seq = self.next_seq
-        self.next_seq += 1
-        self.journalled[seq] = entry
-        if entry.acking:
-            self._acking_marked.add(seq)
-        # If acks may have been sent, some copies will not come back. Message ids
-        # still identify the ones that do; identical content does not, so those
-        # are emitted again (a duplicate, never a loss).
-        self.filter.expect(
-            ((queue, fp), seq) for queue, prints in entry.fingerprints.items() for fp in prints if not (entry.acking and fp[0] == "fp")
-        )
-        return seq
-
-    def _mark_acking(self) -> None:
-        assert self.journal is not None
-        due = [s for s in self.journalled if s <= self.committed_seq and s not in self._acking_marked]
-        if due:
-            self.journal.mark_acking(self.journalled[s] for s in due)
-            self._acking_marked.update(due)
+        found = self.journalled.recover(frontier, replay, self.next_seq)
+        self.next_seq = found.next_seq
+        if found.committed_seq is not None:
+            self.committed_seq = found.committed_seq
+        if found.replay is not None and replay is not None:
+            seq, parts, rows = found.replay
+            self.planned[replay] = PlannedBatch(seq, parts, rows)
 
     def _retire(self, force: bool = False) -> None:
-        """Delete journalled batches the broker can no longer send copies of."""
-        if self.journal is None or not self.journalled:
-            return
-        now = time.monotonic()
-        if not force and now < self._retire_after:
-            return
-        self._retire_after = now + 0.2
-        done = [s for s in self.journalled if s <= self.committed_seq and not self.filter.holds(s)]
-        if not done:
-            return
-        unproven: set[int] = set()
-        for ledger in self.ledgers.values():
-            unproven.update(ledger.unproven(self.committed_seq))
-        for seq in done:
-            if seq not in unproven:
-                self.journal.delete(self.journalled.pop(seq))
-                self._acking_marked.discard(seq)
+        if self.journalled is not None:
+            self.journalled.retire(self.committed_seq, self.ledgers.values(), force)
 
     def _queue_depths(self, queues: list[str] | tuple[str, ...]) -> dict[str, int]:
         try:

@@ -266,3 +266,20 @@ def test_options_for_exactly_once() -> None:
         parse_source_options({**base, "journalLocation": " "})
     secret = parse_source_options({**base, "journalLocation": "s3://key:secret@bucket/j"})
     assert secret.journal is not None and "secret" not in secret.journal.display_location
+
+
+def test_classify_against_sparks_offsets() -> None:
+    from spark_amqp.source.journal import JournalEntry, classify
+
+    def offset(tag: int) -> str:
+        return json.dumps({"queues": {"q": {"session": "s" if tag else "", "tag": tag}}, "v": 1}, sort_keys=True, separators=(",", ":"))
+
+    a, b, c = (JournalEntry(n, offset(n - 1), offset(n), (1,), {"q": (("id", str(n)),)}) for n in (1, 2, 3))
+    resumed = classify([a, b, c], frontier=offset(2), replay=None, initial=offset(0), display="j")
+    assert (resumed.committed, resumed.replayed, resumed.discard) == ([a, b], None, [c])  # c was never logged
+    replaying = classify([a, b, c], frontier=offset(1), replay=offset(2), initial=offset(0), display="j")
+    assert (replaying.committed, replaying.replayed, replaying.discard) == ([a], b, [c])
+    fresh = classify([a, b], frontier=offset(0), replay=None, initial=offset(0), display="j")
+    assert fresh.stale and fresh.discard == [a, b] and not fresh.committed
+    with pytest.raises(AmqpSourceError, match="give every query its own journal"):
+        classify([a], frontier=offset(1), replay=None, initial=offset(0).replace('"q"', '"other"'), display="j")
