@@ -46,7 +46,7 @@ demo: $(STAMP) $(JARS_STAMP)
 broker: $(STAMP)
 	$(PY) -m spark_amqp.broker
 
-bench: $(STAMP)
+bench: $(STAMP) $(JARS_STAMP)
 	$(PY) benchmarks/broker_throughput.py
 	$(PY) benchmarks/source_throughput.py
 	$(PY) benchmarks/sink_throughput.py
