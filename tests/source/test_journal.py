@@ -44,6 +44,14 @@ def _purge(url: str, queue: str) -> None:
     conn.close()
 
 
+def _first_batch(url: str, queue: str, journal: Path, **options: object) -> tuple[MicroBatchDriver, dict, dict, list[dict]]:  # type: ignore[type-arg]
+    """30 messages with ids published; a first run plans and runs its first batch of 10."""
+    publish(url, queue, [b"m%d" % i for i in range(30)], message_id=lambda i: f"id-{i}")
+    first = _driver(url, queue, journal, maxMessagesPerTrigger=10, prefetch=30, **options)
+    start, end = first.plan()
+    return first, start, end, first.run_batch(start, end)
+
+
 def _replay(d: MicroBatchDriver, start: dict, end: dict) -> list[dict]:  # type: ignore[type-arg]
     d.start = start
     return d.run_batch(start, end, commit_previous=False)
@@ -51,10 +59,7 @@ def _replay(d: MicroBatchDriver, start: dict, end: dict) -> list[dict]:  # type:
 
 def test_replayed_batch_is_identical_and_its_redelivered_copies_are_dropped(amqp_url: str, names, embedded_or_none, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     q, journal = names.queue(), tmp_path / "journal"
-    publish(amqp_url, q, [b"m%d" % i for i in range(30)], message_id=lambda i: f"id-{i}")
-    first = _driver(amqp_url, q, journal, maxMessagesPerTrigger=10, prefetch=30)
-    start, end = first.plan()
-    original = first.run_batch(start, end)
+    first, start, end, original = _first_batch(amqp_url, q, journal)
     assert len(original) == 10 and len(_journal_files(journal)) == 2  # data + manifest
     _crash(first)  # the sink wrote the batch; Spark had not yet logged the commit
 
@@ -71,10 +76,7 @@ def test_replayed_batch_is_identical_and_its_redelivered_copies_are_dropped(amqp
 
 def test_batch_planned_but_never_logged_is_read_again(amqp_url: str, names, embedded_or_none, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     q, journal = names.queue(), tmp_path / "journal"
-    publish(amqp_url, q, [b"m%d" % i for i in range(30)], message_id=lambda i: f"id-{i}")
-    first = _driver(amqp_url, q, journal, maxMessagesPerTrigger=10, prefetch=30)
-    start, end = first.plan()
-    committed = first.run_batch(start, end)
+    first, _, end, committed = _first_batch(amqp_url, q, journal)
     assert first.plan() is not None  # batch 2 journalled; the crash comes before Spark logs its offset
     _crash(first)
 
@@ -91,8 +93,8 @@ def test_batch_planned_but_never_logged_is_read_again(amqp_url: str, names, embe
 
 def test_content_fingerprints_count_identical_messages(amqp_url: str, names, embedded_or_none, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     q, journal = names.queue(), tmp_path / "journal"
-    bodies = [b"same"] * 12 + [b"m%d" % i for i in range(8)]  # no message ids; twelve identical copies
-    publish(amqp_url, q, bodies, message_id=lambda i: f"ignored-{i}")
+    bodies = [b"same"] * 12 + [b"m%d" % i for i in range(8)]  # no message ids: twelve identical messages
+    publish(amqp_url, q, bodies)
     first = _driver(amqp_url, q, journal, maxMessagesPerTrigger=7, prefetch=20, dedupeBy="content")
     start, end = first.plan()
     original = first.run_batch(start, end)
