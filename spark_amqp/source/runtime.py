@@ -25,7 +25,7 @@ from typing import Any
 from ..client import ConnectionLost, ServerClosedChannel, queue_depths
 from ..errors import AmqpSourceError
 from ..offsets import AmqpSourceOffset, QueuePosition
-from ..options import SourceOptions
+from ..options import DEFAULT_JOURNAL_RETENTION, SourceOptions
 from . import arrow
 from .journalled import JournalledBatches
 from .ledger import Entry, RedeliveryFilter, SessionLedger
@@ -63,7 +63,7 @@ class SourceRuntime:
         self.ledgers: dict[str, SessionLedger] = {}
         self.dead_sessions: set[str] = set()
         journal = options.journal
-        self.filter = RedeliveryFilter(journal.retention if journal else 1800.0, options.dedupe_by)
+        self.filter = RedeliveryFilter(journal.retention if journal else DEFAULT_JOURNAL_RETENTION, options.dedupe_by)
         self.journalled = JournalledBatches(journal, options.queues, self.filter) if journal else None
         self.recovered = journal is None  # journal read back and matched to Spark's offsets
         self.planned: dict[str, PlannedBatch] = {}

@@ -253,23 +253,17 @@ class ConsumerSession:
     def _on_channel_error(self, queue: str, reason: ServerClosedChannel) -> bool:
         """Log a channel closed by the broker; True when it is fatal for the query."""
         display = self.options.connection.display_uri
+        reply = f"{reason.code} {reply_name(reason.code)}: {reason.text}"
         if reason.code == 403 and self.options.exclusive_consumer and "exclusive" in reason.text:
             if self._exclusive_conflict_is_transient(queue):
                 return False
-            self.fatal = AmqpSourceError(
-                f"queue '{queue}' on {display} already has an exclusive consumer ({reason.code} {reply_name(reason.code)}: "
-                f"{reason.text}). Exactly-once (journalLocation) needs one streaming query per queue; stop the other "
-                "query, or set exclusiveConsumer=false if you accept duplicates"
+            return self._fail(
+                f"queue '{queue}' on {display} already has an exclusive consumer ({reply}). Exactly-once "
+                "(journalLocation) needs one streaming query per queue; stop the other query, or set "
+                "exclusiveConsumer=false if you accept duplicates"
             )
-            if self._client is not None:
-                self._background(self._client.close())
-            return True
         if reason.code in FATAL_CHANNEL_CODES:
-            what = FATAL_CHANNEL_CODES[reason.code]
-            self.fatal = AmqpSourceError(f"queue '{queue}' on {display}: {what} ({reason.code} {reply_name(reason.code)}: {reason.text})")
-            if self._client is not None:
-                self._background(self._client.close())
-            return True
+            return self._fail(f"queue '{queue}' on {display}: {FATAL_CHANNEL_CODES[reason.code]} ({reply})")
         if reason.code == 406 and "timed out" in reason.text:
             log.warning(
                 "AMQP source: RabbitMQ's consumer_timeout closed the channel of queue '%s' (%s). Deliveries stay "
@@ -282,6 +276,12 @@ class ConsumerSession:
         else:
             log.warning("AMQP source: channel for queue '%s' closed (%s %s); reopening", queue, reason.code, reason.text)
         return False
+
+    def _fail(self, message: str) -> bool:
+        self.fatal = AmqpSourceError(message)
+        if self._client is not None:
+            self._background(self._client.close())
+        return True
 
     def _exclusive_conflict_is_transient(self, queue: str) -> bool:
         """After a reconnect, the broker may still hold our previous consumer until it notices the old connection is dead."""

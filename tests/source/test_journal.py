@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import pytest
 from spark_amqp.errors import AmqpSourceError
 from spark_amqp.source.journal import BatchJournal
 
+from ..broker.helpers import wait_for
 from ..brokers import counts, publish
 from .driver import MicroBatchDriver
 
@@ -285,3 +287,29 @@ def test_classify_against_sparks_offsets() -> None:
     assert fresh.stale and fresh.discard == [a, b] and not fresh.committed
     with pytest.raises(AmqpSourceError, match="give every query its own journal"):
         classify([a], frontier=offset(1), replay=None, initial=offset(0).replace('"q"', '"other"'), display="j")
+
+
+def test_exclusive_conflict_after_a_reconnect_is_waited_out(embedded, tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    """Our previous consumer may linger on the broker after a reconnect: retry instead of failing the query."""
+    publish(embedded.url, "q", [b"m%d" % i for i in range(5)], message_id=lambda i: f"id-{i}")
+    d = _driver(embedded.url, "q", tmp_path / "journal")
+    other = pika.BlockingConnection(pika.URLParameters(embedded.url))
+    try:
+        start, end = d.plan()
+        d.run_batch(start, end)
+        assert embedded.drop_connections(name_contains="spark-amqp source") == 1
+        # Take the queue exclusively before the source comes back (it waits 0.2 s).
+        channel = other.channel()
+        channel.basic_qos(prefetch_count=1)
+        channel.basic_consume("q", lambda *a: None, exclusive=True)
+        with caplog.at_level(logging.WARNING, logger="spark_amqp.source"):
+            wait_for(lambda: "still has an exclusive consumer" in caplog.text, timeout=10)
+        d.runtime.latest_offset(end, 0)  # not fatal
+        other.close()  # the other consumer goes: its unacked message returns, the source resumes
+        publish(embedded.url, "q", [b"n%d" % i for i in range(5, 10)], declare=False, message_id=lambda i: f"id-{i + 5}")
+        assert sorted(_ids(d.drain(10))) == sorted(f"id-{i}" for i in range(10))  # the batch's copies dropped
+        assert d.runtime.session is not None and d.runtime.session.fatal is None
+    finally:
+        if other.is_open:
+            other.close()
+        d.close()
