@@ -173,7 +173,10 @@ def _open_store(location: str) -> _Store:
             raise AmqpSourceError(
                 f"option 'journalLocation': pyarrow does not know the filesystem of {scheme}:// and fsspec is not installed"
             ) from None
-        inner, root = fsspec.core.url_to_fs(location)
+        try:
+            inner, root = fsspec.core.url_to_fs(location)
+        except (ValueError, ImportError) as err:  # an unknown protocol, or its package is missing
+            raise AmqpSourceError(f"option 'journalLocation': neither pyarrow nor fsspec can open {scheme}:// ({err})") from None
         fs = pafs.PyFileSystem(pafs.FSSpecHandler(inner))
     return _ArrowStore(fs, root)
 

@@ -313,3 +313,24 @@ def test_exclusive_conflict_after_a_reconnect_is_waited_out(embedded, tmp_path: 
         if other.is_open:
             other.close()
         d.close()
+
+
+def test_journal_on_a_pyarrow_filesystem(tmp_path: Path) -> None:
+    """Object stores go through pyarrow's filesystem API (no rename); the same files result."""
+    import pyarrow.fs as pafs
+
+    from spark_amqp.source.journal import _ArrowStore
+
+    journal = BatchJournal(str(tmp_path / "unused"), "j")
+    journal.store = _ArrowStore(pafs.LocalFileSystem(), str(tmp_path / "remote"))
+    entry = journal.write("s0", "s1", _parts(b"a", b"b"), {"q": [("id", "1"), ("id", "2")]})
+    journal.mark_acking([entry])
+    (loaded,) = journal.load()
+    assert loaded.acking and journal.parts(loaded) == _parts(b"a", b"b")
+    journal.delete(loaded)
+    assert journal.load() == [] and os.listdir(tmp_path / "remote") == []
+
+
+def test_an_unknown_journal_filesystem_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(AmqpSourceError, match=r"option 'journalLocation'.*nosuchfs://"):
+        BatchJournal("nosuchfs://bucket/journal", "nosuchfs://bucket/journal")
