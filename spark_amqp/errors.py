@@ -1,19 +1,40 @@
-"""The connector's exceptions: one small hierarchy, and AMQP reply codes mapped to names.
+"""The connector's exceptions: one hierarchy, and one table from AMQP reply codes to classes.
 
 Every message is written for the person running the Spark job: it names the
 option, queue or value at fault and never contains a password.
+
+Whether a failure is worth retrying is decided here and only here, by
+``is_transient``: from the exception's class (and, for 406, from whether the
+broker's close names a method), never by matching message text. The client
+raises these classes when the broker closes a channel or connection; the
+embedded broker raises the same classes to close them.
 """
 
 from __future__ import annotations
 
+import ssl
 from types import MappingProxyType
+from typing import Any, ClassVar
 
 __all__ = [
     "REPLY_CODES",
+    "AccessRefused",
     "AmqpConnectorError",
     "AmqpOptionError",
+    "AmqpProtocolError",
     "AmqpPublishError",
+    "AmqpReplyError",
     "AmqpSourceError",
+    "ConnectionLost",
+    "DecodeError",
+    "HandshakeFailed",
+    "NotAllowed",
+    "NotFound",
+    "PreconditionFailed",
+    "ResourceLocked",
+    "is_transient",
+    "method_name",
+    "reply_error",
     "reply_name",
 ]
 
@@ -23,7 +44,7 @@ class AmqpConnectorError(Exception):
 
 
 class AmqpOptionError(AmqpConnectorError, ValueError):
-    """An option is missing, unknown or has a value that cannot work."""
+    """An option, column or value is missing, unknown or cannot work."""
 
 
 class AmqpSourceError(AmqpConnectorError):
@@ -34,30 +55,235 @@ class AmqpPublishError(AmqpConnectorError):
     """The sink could not get broker confirmation for every message it published."""
 
 
-REPLY_CODES = MappingProxyType(
+class AmqpProtocolError(AmqpConnectorError):
+    """A failure on an AMQP connection; ``transient`` when the same call may work if retried."""
+
+    retryable: ClassVar[bool] = False
+
+    @property
+    def transient(self) -> bool:
+        return self.retryable
+
+
+class ConnectionLost(AmqpProtocolError):
+    """The socket closed, reset, timed out or stopped sending heartbeats; reconnecting may work."""
+
+    retryable = True
+
+
+class HandshakeFailed(AmqpProtocolError):
+    """The peer is not an AMQP 0-9-1 broker, or TLS failed (wrong port, untrusted certificate)."""
+
+
+class DecodeError(AmqpProtocolError):
+    """A frame whose payload does not decode as what it claims to be."""
+
+
+class UnknownMethod(DecodeError):
+    def __init__(self, class_id: int, method_id: int) -> None:
+        super().__init__(f"unknown method {class_id}.{method_id}")
+        self.class_id = class_id
+        self.method_id = method_id
+
+
+class AmqpReplyError(AmqpProtocolError):
+    """A channel or connection closed with a reply code (by the broker; or, in the embedded broker, to the client).
+
+    ``soft`` codes close only the channel unless the close came on the
+    connection (a refused login is a 403 connection close). ``class_id`` and
+    ``method_id`` name the method that caused it (0 when none did).
+    """
+
+    code: ClassVar[int] = 0
+    reply: ClassVar[str] = "ERROR"
+    soft: ClassVar[bool] = False
+
+    def __init__(self, text: str, class_id: int = 0, method_id: int = 0, *, on_connection: bool | None = None) -> None:
+        prefix = f"{self.reply} - "
+        self.text = text if text.startswith(prefix) else prefix + text
+        self.class_id = class_id
+        self.method_id = method_id
+        self.closes_connection = (not self.soft) if on_connection is None else on_connection
+        super().__init__(self.text)
+
+    @property
+    def method(self) -> str:
+        """The AMQP method the broker refused, e.g. ``queue.declare``; empty when none."""
+        return method_name(self.class_id, self.method_id)
+
+    def __str__(self) -> str:
+        caused = f" (on {self.method})" if self.method else ""
+        return f"{self.code} {self.text}{caused}"
+
+
+class ContentTooLarge(AmqpReplyError):
+    code, reply, soft = 311, "CONTENT_TOO_LARGE", True
+
+
+class NoRoute(AmqpReplyError):
+    code, reply, soft = 312, "NO_ROUTE", True
+
+
+class NoConsumers(AmqpReplyError):
+    code, reply, soft = 313, "NO_CONSUMERS", True
+
+
+class ConnectionForced(AmqpReplyError):
+    code, reply, soft = 320, "CONNECTION_FORCED", False
+    retryable = True
+
+
+class InvalidPath(AmqpReplyError):
+    code, reply, soft = 402, "INVALID_PATH", False
+
+
+class AccessRefused(AmqpReplyError):
+    code, reply, soft = 403, "ACCESS_REFUSED", True
+
+
+class NotFound(AmqpReplyError):
+    code, reply, soft = 404, "NOT_FOUND", True
+
+
+class ResourceLocked(AmqpReplyError):
+    code, reply, soft = 405, "RESOURCE_LOCKED", True
+
+
+class PreconditionFailed(AmqpReplyError):
+    code, reply, soft = 406, "PRECONDITION_FAILED", True
+
+    @property
+    def transient(self) -> bool:
+        # Caused by no method: RabbitMQ's consumer_timeout closing a consumer's
+        # channel. Reopening it is right: the deliveries were requeued.
+        return self.class_id == 0
+
+
+class FrameError(AmqpReplyError):
+    code, reply, soft = 501, "FRAME_ERROR", False
+
+
+class SyntaxError_(AmqpReplyError):
+    code, reply, soft = 502, "SYNTAX_ERROR", False
+
+
+class CommandInvalid(AmqpReplyError):
+    code, reply, soft = 503, "COMMAND_INVALID", False
+
+
+class ChannelError(AmqpReplyError):
+    code, reply, soft = 504, "CHANNEL_ERROR", False
+
+
+class UnexpectedFrame(AmqpReplyError):
+    code, reply, soft = 505, "UNEXPECTED_FRAME", False
+
+
+class ResourceError(AmqpReplyError):
+    code, reply, soft = 506, "RESOURCE_ERROR", False
+    retryable = True
+
+
+class NotAllowed(AmqpReplyError):
+    code, reply, soft = 530, "NOT_ALLOWED", False
+
+
+class NotImplemented_(AmqpReplyError):
+    code, reply, soft = 540, "NOT_IMPLEMENTED", False
+
+
+class InternalError(AmqpReplyError):
+    code, reply, soft = 541, "INTERNAL_ERROR", False
+    retryable = True
+
+
+REPLY_CODES: MappingProxyType[int, type[AmqpReplyError]] = MappingProxyType(
     {
-        200: "REPLY_SUCCESS",
-        311: "CONTENT_TOO_LARGE",
-        312: "NO_ROUTE",
-        313: "NO_CONSUMERS",
-        320: "CONNECTION_FORCED",
-        402: "INVALID_PATH",
-        403: "ACCESS_REFUSED",
-        404: "NOT_FOUND",
-        405: "RESOURCE_LOCKED",
-        406: "PRECONDITION_FAILED",
-        501: "FRAME_ERROR",
-        502: "SYNTAX_ERROR",
-        503: "COMMAND_INVALID",
-        504: "CHANNEL_ERROR",
-        505: "UNEXPECTED_FRAME",
-        506: "RESOURCE_ERROR",
-        530: "NOT_ALLOWED",
-        540: "NOT_IMPLEMENTED",
-        541: "INTERNAL_ERROR",
+        cls.code: cls
+        for cls in (
+            ContentTooLarge,
+            NoRoute,
+            NoConsumers,
+            ConnectionForced,
+            InvalidPath,
+            AccessRefused,
+            NotFound,
+            ResourceLocked,
+            PreconditionFailed,
+            FrameError,
+            SyntaxError_,
+            CommandInvalid,
+            ChannelError,
+            UnexpectedFrame,
+            ResourceError,
+            NotAllowed,
+            NotImplemented_,
+            InternalError,
+        )
     }
 )
 
 
+def reply_error(code: int, text: str, class_id: int = 0, method_id: int = 0, *, on_connection: bool | None = None) -> AmqpReplyError:
+    """The exception for a close with ``code``; an unknown code gets a plain ``AmqpReplyError`` carrying it."""
+    cls = REPLY_CODES.get(code)
+    if cls is None:
+        cls = type(f"Reply{code}", (AmqpReplyError,), {"code": code, "reply": f"REPLY_{code}", "soft": False})
+    return cls(text, class_id, method_id, on_connection=on_connection)
+
+
 def reply_name(code: int) -> str:
-    return REPLY_CODES.get(code, f"REPLY_{code}")
+    cls = REPLY_CODES.get(code)
+    return cls.reply if cls is not None else f"REPLY_{code}"
+
+
+_CLASS_NAMES = {10: "connection", 20: "channel", 40: "exchange", 50: "queue", 60: "basic", 85: "confirm", 90: "tx"}
+
+
+def method_name(class_id: int, method_id: int) -> str:
+    if not class_id:
+        return ""
+    from pamqp import commands  # pamqp's table of method names, looked up only to describe an error
+
+    cls: Any = commands.INDEX_MAPPING.get((class_id << 16) | method_id)
+    return str(cls.name) if cls is not None else f"{_CLASS_NAMES.get(class_id, class_id)}.{method_id}"
+
+
+def is_transient(err: BaseException) -> bool:
+    """Whether retrying (reconnecting, reopening the channel) may succeed: the one place this is decided."""
+    if isinstance(err, AmqpProtocolError):
+        return err.transient
+    if isinstance(err, ssl.SSLError):  # wrong port, untrusted certificate: the same every time
+        return False
+    if isinstance(err, ConnectionRefusedError | ConnectionResetError | ConnectionAbortedError | TimeoutError | BrokenPipeError):
+        return True
+    # Other OS errors: unreachable network, DNS failure while the resolver is down; worth a retry with backoff.
+    return isinstance(err, OSError)
+
+
+def explain(err: BaseException, where: str, user: str, vhost: str, subject: str = "") -> str:
+    """What went wrong and how to fix it, for the person running the job.
+
+    ``where`` is the broker's display uri (never a password), ``subject`` what
+    the call was about (``queue 'orders'``, ``exchange 'events'``).
+    """
+    about = f"{subject} on {where}" if subject else where
+    if isinstance(err, AccessRefused):
+        if err.closes_connection:
+            return f"the broker refused the login of user '{user}' on {where} ({err}); check the uri's user and the 'password' option"
+        return (
+            f"{about}: user '{user}' is not allowed to do this ({err}); grant the user configure/write/read permissions on vhost '{vhost}'"
+        )
+    if isinstance(err, NotAllowed):
+        return f"{where}: vhost '{vhost}' does not exist or user '{user}' may not use it ({err}); check the vhost at the end of the uri ('%2F' for '/')"
+    if isinstance(err, NotFound):
+        return f"{about}: not found ({err}); create it first, or let the connector declare it (declareQueue / declareExchange)"
+    if isinstance(err, PreconditionFailed) and err.method == "Queue.Declare":
+        return f"{about}: the queue exists with other properties than those asked for ({err}); make queueDurable/queueArguments match the queue, or leave declareQueue off"
+    if isinstance(err, ResourceLocked):
+        return f"{about}: locked by another connection ({err}): an exclusive queue, or a queue with an exclusive consumer"
+    if isinstance(err, AmqpReplyError):
+        return f"{about}: the broker refused it ({err})"
+    if isinstance(err, AmqpProtocolError):
+        return f"{about}: {err}"
+    return f"{about}: {type(err).__name__}: {err}"

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pamqp import commands
 
-from . import codec, errors
+from .. import errors, framing
+from . import codec
 from .consumer import Consumer
 from .message import Message
 from .queue import QUORUM_DEFAULT_PREFETCH, Queue
@@ -81,28 +82,28 @@ class Channel:
 
     def on_method(self, method: Any) -> None:
         if self._publish is not None:
-            raise errors.unexpected_frame("expected content header for class 60, got non content header frame instead")
+            raise errors.UnexpectedFrame("expected content header for class 60, got non content header frame instead")
         handler = self._handlers.get(type(method))
         if handler is None:
-            raise errors.not_implemented(f"{method.name} is not supported by the embedded broker")
+            raise errors.NotImplemented_(f"{method.name} is not supported by the embedded broker")
         try:
             handler(method)
-        except errors.AmqpError as err:
+        except errors.AmqpReplyError as err:
             if not err.class_id:
                 err.class_id, err.method_id = divmod(method.index, 0x10000)
             raise
 
     def on_header(self, payload: bytes) -> None:
         if self._publish is None or self._header is not None:
-            raise errors.unexpected_frame("expected method frame, got non method frame instead")
+            raise errors.UnexpectedFrame("expected method frame, got non method frame instead")
         if len(payload) < 14 or payload[0:2] != b"\x00\x3c":
-            raise errors.frame_error("malformed content header")
+            raise errors.FrameError("malformed content header")
         self._header = self._share(payload)
         self._body_size = codec.header_body_size(payload)
         if self._body_size > self.connection.server.max_message_size:
             self._publish = None
             self._header = None
-            raise errors.precondition_failed(
+            raise errors.PreconditionFailed(
                 f"message size {self._body_size} is larger than configured max size {self.connection.server.max_message_size}"
             )
         if self._body_size == 0:
@@ -110,19 +111,19 @@ class Channel:
 
     def on_body(self, payload: bytes) -> None:
         if self._header is None:
-            raise errors.unexpected_frame("expected method frame, got non method frame instead")
+            raise errors.UnexpectedFrame("expected method frame, got non method frame instead")
         self._body.append(payload)
         self._received += len(payload)
         if self._received >= self._body_size:
             if self._received > self._body_size:
-                raise errors.frame_error("content body larger than the size in its header")
+                raise errors.FrameError("content body larger than the size in its header")
             self._complete_publish()
 
     # -- publishing -----------------------------------------------------------
 
     def _on_publish(self, method: B.Publish) -> None:
         if method.immediate:
-            raise errors.not_implemented("immediate=true")
+            raise errors.NotImplemented_("immediate=true")
         self._publish = (self._share(method.exchange or ""), self._share(method.routing_key or ""), bool(method.mandatory))
         self._received = 0
         self._body = []
@@ -186,11 +187,11 @@ class Channel:
                 run_len += 1
                 continue
             if run_len:
-                frames.append(codec.confirm_method(self.number, run_end, run_len > 1, True))
+                frames.append(framing.confirm_method(self.number, run_end, run_len > 1, True))
                 run_len = 0
-            frames.append(codec.confirm_method(self.number, seq, False, False))
+            frames.append(framing.confirm_method(self.number, seq, False, False))
         if run_len:
-            frames.append(codec.confirm_method(self.number, run_end, run_len > 1, True))
+            frames.append(framing.confirm_method(self.number, run_end, run_len > 1, True))
         return frames
 
     # -- delivering -----------------------------------------------------------
@@ -233,7 +234,7 @@ class Channel:
                 unacked.clear()
                 return taken
             if tag not in unacked:
-                raise errors.precondition_failed(f"unknown delivery tag {tag}")
+                raise errors.PreconditionFailed(f"unknown delivery tag {tag}")
             taken = []
             while unacked:
                 first = next(iter(unacked))
@@ -243,7 +244,7 @@ class Channel:
             return taken
         entry = unacked.pop(tag, None)
         if entry is None:
-            raise errors.precondition_failed(f"unknown delivery tag {tag}")
+            raise errors.PreconditionFailed(f"unknown delivery tag {tag}")
         return [entry]
 
     def _release(self, entries: list[Unacked]) -> set[Queue]:
@@ -285,7 +286,7 @@ class Channel:
 
     def _on_recover(self, method: B.Recover) -> None:
         if not method.requeue:
-            raise errors.not_implemented("requeue=false")
+            raise errors.NotImplemented_("requeue=false")
         self._settle(self._take(0, True), True)
         if isinstance(method, B.Recover):
             self.connection.send_method(self.number, B.RecoverOk())
@@ -299,7 +300,7 @@ class Channel:
 
     def _on_qos(self, method: B.Qos) -> None:
         if method.prefetch_size:
-            raise errors.not_implemented(f"prefetch_size!=0 ({method.prefetch_size})")
+            raise errors.NotImplemented_(f"prefetch_size!=0 ({method.prefetch_size})")
         if method.global_:
             self.global_prefetch = method.prefetch_count
         else:
@@ -312,11 +313,11 @@ class Channel:
         queue = self._queue(method.queue)
         tag = method.consumer_tag or "amq.ctag-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
         if tag in self.consumers:
-            raise errors.not_allowed(f"attempt to reuse consumer tag '{tag}'")
+            raise errors.NotAllowed(f"attempt to reuse consumer tag '{tag}'")
         prefetch = self.consumer_prefetch
         if queue.is_quorum:
             if self.global_prefetch:
-                raise errors.not_implemented(f"queue '{queue.name}' in vhost '/' does not support global qos")
+                raise errors.NotImplemented_(f"queue '{queue.name}' in vhost '/' does not support global qos")
             prefetch = prefetch or QUORUM_DEFAULT_PREFETCH
         consumer = Consumer(tag, self, queue, bool(method.no_ack), bool(method.exclusive), prefetch)
         queue.add_consumer(consumer)

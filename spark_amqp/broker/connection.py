@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
-from . import codec, errors
+from .. import errors, framing
 from .channel import Channel
 
 if TYPE_CHECKING:
@@ -72,11 +72,11 @@ class BrokerConnection(asyncio.Protocol):
         self.buffer += data
         try:
             self._process()
-        except errors.AmqpError as err:
+        except errors.AmqpReplyError as err:
             self.close_with(err)
         except Exception:  # a bug must cost one connection, never the broker
             log.exception("embedded broker: internal error on connection %s", self.peer)
-            self.close_with(errors.AmqpError(541, "internal error"))
+            self.close_with(errors.InternalError("internal error"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._teardown()
@@ -96,27 +96,27 @@ class BrokerConnection(asyncio.Protocol):
         buf = self.buffer
         if self.state == "header":
             if len(buf) < 8:
-                if not codec.PROTOCOL_HEADER.startswith(bytes(buf[:8])):
+                if not framing.PROTOCOL_HEADER.startswith(bytes(buf[:8])):
                     self._reject_header()
                 return
-            if bytes(buf[:8]) != codec.PROTOCOL_HEADER:
+            if bytes(buf[:8]) != framing.PROTOCOL_HEADER:
                 self._reject_header()
                 return
             del buf[:8]
             self._send_start()
         offset = 0
-        size_limit = self.frame_max - codec.FRAME_OVERHEAD
-        head = codec.FRAME_HEAD
+        size_limit = self.frame_max - framing.FRAME_OVERHEAD
+        head = framing.FRAME_HEAD
         try:
             while len(buf) - offset >= 8 and self.state != "closed":
                 frame_type, channel, size = head.unpack_from(buf, offset)
                 if size > size_limit:
-                    raise errors.frame_error(f"type {frame_type}, all octets = <<>>: {{frame_too_large,{size},{size_limit}}}")
+                    raise errors.FrameError(f"type {frame_type}, all octets = <<>>: {{frame_too_large,{size},{size_limit}}}")
                 end = offset + 7 + size
                 if len(buf) <= end:
                     break
-                if buf[end] != codec.FRAME_END:
-                    raise errors.frame_error(f"type {frame_type}: {{invalid_frame_end_marker,{buf[end]}}}")
+                if buf[end] != framing.FRAME_END:
+                    raise errors.FrameError(f"type {frame_type}: {{invalid_frame_end_marker,{buf[end]}}}")
                 payload = bytes(buf[offset + 7 : end])
                 offset = end + 1
                 self._on_frame(frame_type, channel, payload)
@@ -126,53 +126,53 @@ class BrokerConnection(asyncio.Protocol):
     def _reject_header(self) -> None:
         # RabbitMQ answers a bad header with the header it speaks, then closes.
         assert self.transport is not None
-        self.transport.write(codec.PROTOCOL_HEADER)
+        self.transport.write(framing.PROTOCOL_HEADER)
         self.state = "closed"
         self.transport.close()
 
     def _on_frame(self, frame_type: int, channel: int, payload: bytes) -> None:
-        if frame_type == codec.FRAME_HEARTBEAT:
+        if frame_type == framing.FRAME_HEARTBEAT:
             return
         if self.state == "closing":
-            if frame_type == codec.FRAME_METHOD and payload[:4] in (b"\x00\x0a\x00\x33", b"\x00\x0a\x00\x32"):
+            if frame_type == framing.FRAME_METHOD and payload[:4] in (b"\x00\x0a\x00\x33", b"\x00\x0a\x00\x32"):
                 if payload[:4] == b"\x00\x0a\x00\x32":
                     self.send_method(0, C.CloseOk())
                 self._finish_close()
             return
-        if frame_type == codec.FRAME_METHOD:
+        if frame_type == framing.FRAME_METHOD:
             try:
-                method = codec.decode_method(payload)
-            except codec.UnknownMethod as err:
-                raise errors.not_implemented(str(err)) from None
-            except codec.DecodeError:
+                method = framing.decode_method(payload)
+            except errors.UnknownMethod as err:
+                raise errors.NotImplemented_(str(err)) from None
+            except errors.DecodeError:
                 cid, mid = (payload[0] << 8 | payload[1], payload[2] << 8 | payload[3]) if len(payload) >= 4 else (0, 0)
-                raise errors.AmqpError(501, f"cannot decode <<{','.join(str(b) for b in payload[4:20])}>>", cid, mid) from None
+                raise errors.FrameError(f"cannot decode <<{','.join(str(b) for b in payload[4:20])}>>", cid, mid) from None
             if channel == 0:
                 self._on_connection_method(method)
             else:
                 self._on_channel_method(channel, method)
-        elif frame_type in (codec.FRAME_HEADER, codec.FRAME_BODY):
+        elif frame_type in (framing.FRAME_HEADER, framing.FRAME_BODY):
             if self.state != "running":
-                raise errors.unexpected_frame("expected method frame, got non method frame instead")
+                raise errors.UnexpectedFrame("expected method frame, got non method frame instead")
             ch = self._channel_for_content(channel)
             if ch is None:
                 return
-            self._run_on_channel(ch, ch.on_header if frame_type == codec.FRAME_HEADER else ch.on_body, payload)
+            self._run_on_channel(ch, ch.on_header if frame_type == framing.FRAME_HEADER else ch.on_body, payload)
         else:
-            raise errors.frame_error(f"type {frame_type}: unknown_frame")
+            raise errors.FrameError(f"type {frame_type}: unknown_frame")
 
     def _channel_for_content(self, number: int) -> Channel | None:
         if number in self.closing_channels:
             return None
         ch = self.channels.get(number)
         if ch is None:
-            raise errors.unexpected_frame("expected method frame, got non method frame instead")
+            raise errors.UnexpectedFrame("expected method frame, got non method frame instead")
         return ch
 
     def _run_on_channel(self, ch: Channel, fn: Any, arg: Any) -> None:
         try:
             fn(arg)
-        except errors.AmqpError as err:
+        except errors.AmqpReplyError as err:
             if err.closes_connection:
                 raise
             self.close_channel(ch, err)
@@ -205,7 +205,7 @@ class BrokerConnection(asyncio.Protocol):
             self._on_tune_ok(method)
         elif isinstance(method, C.Open) and self.state == "open":
             if method.virtual_host not in ("/", ""):
-                raise errors.AmqpError(530, f"vhost {method.virtual_host} not found", 10, 40)
+                raise errors.NotAllowed(f"vhost {method.virtual_host} not found", 10, 40)
             self.state = "running"
             self.send_method(0, C.OpenOk())
         elif isinstance(method, C.Close):
@@ -218,7 +218,7 @@ class BrokerConnection(asyncio.Protocol):
         elif isinstance(method, C.CloseOk):
             self._finish_close()
         else:
-            raise errors.AmqpError(503, f"unexpected {method.name} in state {self.state}")
+            raise errors.CommandInvalid(f"unexpected {method.name} in state {self.state}")
 
     def _on_start_ok(self, method: C.StartOk) -> None:
         caps = (method.client_properties or {}).get("capabilities")
@@ -230,8 +230,7 @@ class BrokerConnection(asyncio.Protocol):
             log.info("embedded broker: login refused for user %r from %s", user, self.peer)
             if self.client_capability("authentication_failure_close"):
                 self.close_with(
-                    errors.AmqpError(
-                        403,
+                    errors.AccessRefused(
                         f"Login was refused using authentication mechanism {method.mechanism}. For details see the broker logfile.",
                     )
                 )
@@ -294,14 +293,14 @@ class BrokerConnection(asyncio.Protocol):
             log.info("embedded broker: missed heartbeats from client %s, timeout: %ss", self.peer, self.heartbeat)
             self._abort()
             return
-        self.write(codec.HEARTBEAT_FRAME)
+        self.write(framing.HEARTBEAT_FRAME)
         self._heartbeat_timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat_tick)
 
     # -- channels -----------------------------------------------------------------
 
     def _on_channel_method(self, number: int, method: Any) -> None:
         if self.state != "running":
-            raise errors.AmqpError(504, "connection not open", *divmod(method.index, 0x10000))
+            raise errors.ChannelError("connection not open", *divmod(method.index, 0x10000))
         if number in self.closing_channels:
             # After we sent channel.close, only close/close-ok are meaningful.
             if isinstance(method, commands.Channel.CloseOk):
@@ -311,13 +310,13 @@ class BrokerConnection(asyncio.Protocol):
             return
         if isinstance(method, commands.Channel.Open):
             if number in self.channels:
-                raise errors.AmqpError(504, "second 'channel.open' seen", 20, 10)
+                raise errors.ChannelError("second 'channel.open' seen", 20, 10)
             self.channels[number] = Channel(self, number)
             self.send_method(number, commands.Channel.OpenOk())
             return
         ch = self.channels.get(number)
         if ch is None:
-            raise errors.AmqpError(504, "expected 'channel.open'", *divmod(method.index, 0x10000))
+            raise errors.ChannelError("expected 'channel.open'", *divmod(method.index, 0x10000))
         if isinstance(method, commands.Channel.Close):
             self.channels.pop(number, None)
             ch.close()
@@ -327,7 +326,7 @@ class BrokerConnection(asyncio.Protocol):
             return
         self._run_on_channel(ch, ch.on_method, method)
 
-    def close_channel(self, ch: Channel, err: errors.AmqpError) -> None:
+    def close_channel(self, ch: Channel, err: errors.AmqpReplyError) -> None:
         """Server-initiated channel close: requeue its deliveries, tell the client."""
         if self.channels.get(ch.number) is not ch:
             return
@@ -359,11 +358,11 @@ class BrokerConnection(asyncio.Protocol):
             self._flush_handle = self.loop.call_soon(self._flush)
 
     def write_content(self, channel: int, header: bytes, body: bytes) -> None:
-        for data in codec.content_frames(channel, header, body, self.frame_max):
+        for data in framing.content_frames(channel, header, body, self.frame_max):
             self.write(data)
 
     def send_method(self, channel: int, method: Any) -> None:
-        self.write(codec.method_frame(channel, method))
+        self.write(framing.method_frame(channel, method))
 
     def send_return(self, channel: int, code: int, text: str, exchange: str, routing_key: str, header: bytes, body: bytes) -> None:
         ret = commands.Basic.Return.__new__(commands.Basic.Return)
@@ -386,7 +385,7 @@ class BrokerConnection(asyncio.Protocol):
 
     # -- closing --------------------------------------------------------------------
 
-    def close_with(self, err: errors.AmqpError) -> None:
+    def close_with(self, err: errors.AmqpReplyError) -> None:
         """Connection exception: send connection.close and wait briefly for close-ok."""
         if self.state in ("closing", "closed"):
             return

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import codec
+from .. import framing
 
 if TYPE_CHECKING:
     from .channel import Channel
@@ -17,7 +17,7 @@ class Consumer:
 
     def __init__(self, tag: str, channel: Channel, queue: Queue, no_ack: bool, exclusive: bool, prefetch: int) -> None:
         self.tag = tag
-        self.tag_wire = codec.shortstr(tag)
+        self.tag_wire = framing.shortstr(tag)
         self.channel = channel
         self.queue = queue
         self.no_ack = no_ack

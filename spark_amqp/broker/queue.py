@@ -8,7 +8,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from . import errors
+from .. import errors
 from .message import Message, with_delivery_count
 
 if TYPE_CHECKING:
@@ -30,24 +30,24 @@ class QueueArguments:
         overflow = args.get("x-overflow", "drop-head")
         overflow = overflow.decode() if isinstance(overflow, bytes) else overflow
         if overflow not in OVERFLOW_MODES:
-            raise errors.precondition_failed(
+            raise errors.PreconditionFailed(
                 f"invalid arg 'x-overflow' for queue '{name}' in vhost '/': {{unknown_overflow_value,<<\"{overflow}\">>}}"
             )
         self.overflow: str = overflow
         kind = args.get("x-queue-type", "classic")
         kind = kind.decode() if isinstance(kind, bytes) else kind
         if kind not in QUEUE_TYPES:
-            raise errors.precondition_failed(
+            raise errors.PreconditionFailed(
                 f"invalid arg 'x-queue-type' for queue '{name}' in vhost '/': {{unsupported_value,<<\"{kind}\">>}}"
             )
         self.kind: str = kind
         if kind == "quorum":
             if not durable:
-                raise errors.precondition_failed(f"invalid property 'non-durable' for queue '{name}' in vhost '/'")
+                raise errors.PreconditionFailed(f"invalid property 'non-durable' for queue '{name}' in vhost '/'")
             if exclusive:
-                raise errors.precondition_failed(f"invalid property 'exclusive-owner' for queue '{name}' in vhost '/'")
+                raise errors.PreconditionFailed(f"invalid property 'exclusive-owner' for queue '{name}' in vhost '/'")
             if auto_delete:
-                raise errors.precondition_failed(f"invalid property 'auto-delete' for queue '{name}' in vhost '/'")
+                raise errors.PreconditionFailed(f"invalid property 'auto-delete' for queue '{name}' in vhost '/'")
         dlx = args.get("x-dead-letter-exchange")
         self.dead_letter_exchange: str | None = dlx.decode() if isinstance(dlx, bytes) else dlx
         dlrk = args.get("x-dead-letter-routing-key")
@@ -59,11 +59,11 @@ def _non_negative(queue: str, args: dict[str, Any], key: str) -> int | None:
         return None
     value = args[key]
     if isinstance(value, bool) or not isinstance(value, int):
-        raise errors.precondition_failed(
+        raise errors.PreconditionFailed(
             f"invalid arg '{key}' for queue '{queue}' in vhost '/': {{unacceptable_type,{type(value).__name__}}}"
         )
     if value < 0:
-        raise errors.precondition_failed(f"invalid arg '{key}' for queue '{queue}' in vhost '/': {{value_negative,{value}}}")
+        raise errors.PreconditionFailed(f"invalid arg '{key}' for queue '{queue}' in vhost '/': {{value_negative,{value}}}")
     return value
 
 
@@ -136,9 +136,9 @@ class Queue:
 
     def add_consumer(self, consumer: Consumer) -> None:
         if consumer.exclusive and self.consumers:
-            raise errors.access_refused(f"queue '{self.name}' in vhost '/' in exclusive use")
+            raise errors.AccessRefused(f"queue '{self.name}' in vhost '/' in exclusive use")
         if any(c.exclusive for c in self.consumers):
-            raise errors.access_refused(f"queue '{self.name}' in vhost '/' in exclusive use")
+            raise errors.AccessRefused(f"queue '{self.name}' in vhost '/' in exclusive use")
         self.consumers.append(consumer)
         self.had_consumer = True
 

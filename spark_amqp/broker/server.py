@@ -10,7 +10,7 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from . import errors
+from .. import errors
 from .connection import BrokerConnection
 from .faults import Faults
 from .vhost import VirtualHost
@@ -89,7 +89,7 @@ class BrokerServer:
                 if oldest is not None and oldest < deadline:
                     conn.close_channel(
                         ch,
-                        errors.precondition_failed(
+                        errors.PreconditionFailed(
                             f"delivery acknowledgement on channel {ch.number} timed out. Timeout value used: {timeout_ms} ms. "
                             "This timeout value can be configured, see consumers doc guide to learn more"
                         ),
@@ -265,7 +265,7 @@ class EmbeddedBroker:
             for conn in list(s.connections):
                 for ch in list(conn.channels.values()):
                     if queue is None or any(c.queue.name == queue for c in ch.consumers.values()):
-                        conn.close_channel(ch, errors.AmqpError(reply_code, reply_text))
+                        conn.close_channel(ch, errors.reply_error(reply_code, reply_text))
                         closed += 1
             return closed
 

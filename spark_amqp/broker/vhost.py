@@ -11,7 +11,7 @@ import base64
 import os
 from typing import Any
 
-from . import errors
+from .. import errors
 from .exchange import EXCHANGE_TYPES, Exchange
 from .message import Message, dead_letter_header
 from .queue import Queue
@@ -40,21 +40,21 @@ class VirtualHost:
         self, name: str, kind: str, passive: bool, durable: bool, auto_delete: bool, internal: bool, arguments: dict[str, Any]
     ) -> None:
         if name == "":
-            raise errors.access_refused("operation not permitted on the default exchange")
+            raise errors.AccessRefused("operation not permitted on the default exchange")
         if passive:
             self.exchange(name)
             return
         if name.startswith("amq."):
-            raise errors.access_refused(f"exchange name '{name}' contains reserved prefix 'amq.*'")
+            raise errors.AccessRefused(f"exchange name '{name}' contains reserved prefix 'amq.*'")
         if kind not in EXCHANGE_TYPES:
-            raise errors.command_invalid(f"invalid exchange type '{kind}'")
+            raise errors.CommandInvalid(f"invalid exchange type '{kind}'")
         existing = self.exchanges.get(name)
         if existing is not None:
             field = existing.equivalent(kind, durable, auto_delete, internal, arguments)
             if field is not None:
                 current = getattr(existing, "kind" if field == "type" else field)
                 received = {"type": kind, "durable": durable, "auto_delete": auto_delete, "internal": internal}[field]
-                raise errors.precondition_failed(
+                raise errors.PreconditionFailed(
                     f"inequivalent arg '{field}' for exchange '{name}' in vhost '{self.name}': "
                     f"received {_fmt(received)} but current is {_fmt(current)}"
                 )
@@ -63,20 +63,20 @@ class VirtualHost:
 
     def delete_exchange(self, name: str, if_unused: bool) -> None:
         if name == "":
-            raise errors.access_refused("operation not permitted on the default exchange")
+            raise errors.AccessRefused("operation not permitted on the default exchange")
         if name in SYSTEM_EXCHANGES:
-            raise errors.access_refused(f"deletion of system exchange '{name}' in vhost '{self.name}' not allowed")
+            raise errors.AccessRefused(f"deletion of system exchange '{name}' in vhost '{self.name}' not allowed")
         exchange = self.exchanges.get(name)
         if exchange is None:
             return  # RabbitMQ 3.10 treats deleting a missing exchange as success
         if if_unused and exchange.bindings:
-            raise errors.precondition_failed(f"exchange '{name}' in vhost '{self.name}' in use")
+            raise errors.PreconditionFailed(f"exchange '{name}' in vhost '{self.name}' in use")
         del self.exchanges[name]
 
     def exchange(self, name: str) -> Exchange:
         exchange = self.exchanges.get(name)
         if exchange is None:
-            raise errors.not_found(f"no exchange '{name}' in vhost '{self.name}'")
+            raise errors.NotFound(f"no exchange '{name}' in vhost '{self.name}'")
         return exchange
 
     # -- queues ----------------------------------------------------------
@@ -97,13 +97,13 @@ class VirtualHost:
         if name == "":
             name = "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
         elif name.startswith("amq."):
-            raise errors.access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
+            raise errors.AccessRefused(f"queue name '{name}' contains reserved prefix 'amq.*'")
         existing = self.queues.get(name)
         if existing is not None:
             self._check_owner(existing, owner)
             mismatch = existing.equivalent(durable, exclusive, auto_delete, arguments)
             if mismatch is not None:
-                raise errors.precondition_failed(mismatch)
+                raise errors.PreconditionFailed(mismatch)
             return existing
         queue = Queue(name, durable, owner if exclusive else None, auto_delete, arguments, self.dead_letter)
         self.queues[name] = queue
@@ -112,13 +112,13 @@ class VirtualHost:
     def queue(self, name: str, owner: object) -> Queue:
         queue = self.queues.get(name)
         if queue is None:
-            raise errors.not_found(f"no queue '{name}' in vhost '{self.name}'")
+            raise errors.NotFound(f"no queue '{name}' in vhost '{self.name}'")
         self._check_owner(queue, owner)
         return queue
 
     def _check_owner(self, queue: Queue, owner: object) -> None:
         if queue.exclusive_owner is not None and queue.exclusive_owner is not owner:
-            raise errors.resource_locked(
+            raise errors.ResourceLocked(
                 f"cannot obtain exclusive access to locked queue '{queue.name}' in vhost '{self.name}'. "
                 "It could be originally declared on another connection or the exclusive property value "
                 "does not match that of the original declaration."
@@ -126,13 +126,13 @@ class VirtualHost:
 
     def bind(self, queue_name: str, exchange_name: str, routing_key: str, arguments: dict[str, Any], owner: object) -> None:
         if exchange_name == "":
-            raise errors.access_refused("operation not permitted on the default exchange")
+            raise errors.AccessRefused("operation not permitted on the default exchange")
         queue = self.queue(queue_name, owner)
         self.exchange(exchange_name).bind(queue, routing_key, arguments)
 
     def unbind(self, queue_name: str, exchange_name: str, routing_key: str, arguments: dict[str, Any], owner: object) -> None:
         if exchange_name == "":
-            raise errors.access_refused("operation not permitted on the default exchange")
+            raise errors.AccessRefused("operation not permitted on the default exchange")
         queue = self.queues.get(queue_name)
         exchange = self.exchanges.get(exchange_name)
         if queue is None or exchange is None:
@@ -147,9 +147,9 @@ class VirtualHost:
             return 0
         self._check_owner(queue, owner)
         if if_unused and queue.consumers:
-            raise errors.precondition_failed(f"queue '{name}' in vhost '{self.name}' in use")
+            raise errors.PreconditionFailed(f"queue '{name}' in vhost '{self.name}' in use")
         if if_empty and queue.ready:
-            raise errors.precondition_failed(f"queue '{name}' in vhost '{self.name}' not empty")
+            raise errors.PreconditionFailed(f"queue '{name}' in vhost '{self.name}' not empty")
         return self.remove_queue(queue)
 
     def remove_queue(self, queue: Queue) -> int:
@@ -180,7 +180,7 @@ class VirtualHost:
             return [queue] if queue is not None else []
         exchange = self.exchange(exchange_name)
         if exchange.internal:
-            raise errors.access_refused(f"cannot publish to internal exchange '{exchange_name}' in vhost '{self.name}'")
+            raise errors.AccessRefused(f"cannot publish to internal exchange '{exchange_name}' in vhost '{self.name}'")
         return exchange.route(message)
 
     def dead_letter(self, queue: Queue, message: Message, reason: str) -> None:

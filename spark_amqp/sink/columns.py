@@ -24,10 +24,10 @@ from pamqp import commands, header
 
 from ..errors import AmqpOptionError
 from ..options import SinkOptions
-from ..properties import INT_PROPERTIES as INT_PROPERTY_COLUMNS
-from ..properties import STRING_PROPERTIES as STRING_PROPERTY_COLUMNS
+from ..property_columns import INT_PROPERTIES as INT_PROPERTY_COLUMNS
+from ..property_columns import STRING_PROPERTIES as STRING_PROPERTY_COLUMNS
 
-SOURCE_ONLY_COLUMNS = ("queue", "delivery_tag", "redelivered")
+SOURCE_ONLY_COLUMNS = ("queue", "delivery_tag", "redelivered", "raw_header")
 ACCEPTED = ("body", "routing_key", "exchange", "headers", *STRING_PROPERTY_COLUMNS, *INT_PROPERTY_COLUMNS, "timestamp")
 HEADER_VALUE_TYPES = ("string", "binary", "boolean", "byte", "short", "integer", "long", "float", "double", "timestamp", "decimal")
 

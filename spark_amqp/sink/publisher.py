@@ -18,8 +18,9 @@ from typing import Any
 
 from pamqp import commands
 
-from ..client import AmqpClient, ClientChannel, ConnectionLost, ServerClosedChannel
-from ..errors import AmqpPublishError, reply_name
+from .. import framing
+from ..client import AmqpClient, ClientChannel
+from ..errors import AmqpProtocolError, AmqpPublishError, AmqpReplyError, explain, is_transient
 from ..options import SinkOptions
 from .columns import Outgoing
 
@@ -121,9 +122,7 @@ class PartitionPublisher:
         window = ConfirmWindow(opts.max_in_flight)
         failed: asyncio.Future[BaseException] | None = None
         try:
-            channel = await client.channel()
-            await self._declare(channel)
-            await channel.rpc(commands.Confirm.Select())
+            channel = await self._open_channel(client)
             channel.on_confirm = window.on_confirm
             channel.on_return = window.on_return
             failed = asyncio.ensure_future(_first_failure(client, channel))
@@ -150,16 +149,35 @@ class PartitionPublisher:
                 failed.cancel()
             await client.close()
 
+    async def _open_channel(self, client: AmqpClient) -> ClientChannel:
+        """A channel in confirm mode, after any declarations asked for; a refusal names what was refused."""
+        opts = self.options
+        subject = f"queue '{opts.declare_queue}'" if opts.declare_queue else f"exchange '{opts.exchange}'"
+        try:
+            channel = await client.channel()
+            await self._declare(channel)
+            await channel.rpc(commands.Confirm.Select())
+        except AmqpProtocolError as err:
+            c = opts.connection
+            raise AmqpPublishError(f"{explain(err, c.display_uri, c.username, c.vhost, subject)}; {_retry_hint(err)}") from err
+        return channel
+
     async def _declare(self, channel: ClientChannel) -> None:
         opts = self.options
         if opts.declare_exchange:
             await channel.rpc(
-                commands.Exchange.Declare(exchange=opts.exchange, exchange_type=opts.declare_exchange, durable=opts.exchange_durable)
+                framing.build(
+                    commands.Exchange.Declare, exchange=opts.exchange, exchange_type=opts.declare_exchange, durable=opts.exchange_durable
+                )
             )
         if opts.declare_queue:
-            await channel.rpc(commands.Queue.Declare(queue=opts.declare_queue, durable=True, arguments=opts.queue_arguments or None))
+            await channel.rpc(
+                framing.build(commands.Queue.Declare, queue=opts.declare_queue, durable=True, arguments=opts.queue_arguments or None)
+            )
             if opts.exchange:
-                await channel.rpc(commands.Queue.Bind(queue=opts.declare_queue, exchange=opts.exchange, routing_key=opts.binding_key))
+                await channel.rpc(
+                    framing.build(commands.Queue.Bind, queue=opts.declare_queue, exchange=opts.exchange, routing_key=opts.binding_key)
+                )
 
     def _raise_if_broken(self, window: ConfirmWindow, message: Outgoing) -> None:
         if window.nacked or window.returned:
@@ -169,14 +187,11 @@ class PartitionPublisher:
         if failed.done() and not failed.cancelled():
             reason = failed.result()
             unconfirmed = window.published - window.acked
-            code = getattr(reason, "code", 0)
-            text = getattr(reason, "text", str(reason))
+            scope = "channel" if isinstance(reason, AmqpReplyError) and not reason.closes_connection else "connection"
             raise AmqpPublishError(
                 f"{unconfirmed} of {window.published} messages published to {_target(self.options, message)} are not confirmed: "
-                f"the broker closed the {'channel' if isinstance(reason, ServerClosedChannel) else 'connection'}"
-                + (f" ({code} {reply_name(code)}: {text})" if code else f" ({text})")
-                + "; the task fails so that Spark retries it"
-            )
+                f"the broker closed the {scope} ({reason}); {_retry_hint(reason)}"
+            ) from reason
 
     def _rejected(self, window: ConfirmWindow, message: Outgoing) -> AmqpPublishError:
         parts = []
@@ -202,8 +217,15 @@ class PartitionPublisher:
 async def _connect(opts: SinkOptions, description: str) -> AmqpClient:
     try:
         return await AmqpClient.connect(opts.connection, f"spark-amqp sink {description}")
-    except (OSError, ConnectionLost, asyncio.TimeoutError) as err:
-        raise AmqpPublishError(f"cannot connect to {opts.connection.display_uri}: {err}") from None
+    except AmqpProtocolError as err:
+        c = opts.connection
+        raise AmqpPublishError(f"{explain(err, c.display_uri, c.username, c.vhost)}; {_retry_hint(err)}") from err
+
+
+def _retry_hint(err: BaseException) -> str:
+    if is_transient(err):
+        return "the task fails so that Spark retries it"
+    return "this is not transient: retrying the task fails the same way until the cause is fixed"
 
 
 async def _first_failure(client: AmqpClient, channel: ClientChannel) -> BaseException:

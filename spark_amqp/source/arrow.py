@@ -21,13 +21,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..properties import STRING_PROPERTIES
+from ..property_columns import STRING_PROPERTIES
 from .session import Delivery
 
 SCHEMA_DDL = (
     "body BINARY, queue STRING, exchange STRING, routing_key STRING, delivery_tag BIGINT, redelivered BOOLEAN, "
     + ", ".join(f"{p} STRING" for p in STRING_PROPERTIES)
-    + ", priority INT, delivery_mode INT, timestamp TIMESTAMP, headers MAP<STRING, STRING>"
+    + ", priority INT, delivery_mode INT, timestamp TIMESTAMP, headers MAP<STRING, STRING>, raw_header BINARY"
 )
 
 HEADERS_TYPE = pa.map_(pa.string(), pa.string())
@@ -44,6 +44,7 @@ ARROW_SCHEMA = pa.schema(
         ("delivery_mode", pa.int32()),
         ("timestamp", pa.timestamp("us", tz="UTC")),
         ("headers", HEADERS_TYPE),
+        ("raw_header", pa.binary()),
     ]
 )
 
@@ -86,10 +87,11 @@ _PROPERTY_GETTER = operator.attrgetter(*PROPERTY_FIELDS)
 
 
 def _property_rows(props: Sequence[Any]) -> Iterator[tuple[Any, ...]]:
-    # LazyProperties know their values without thirteen attribute look-ups.
+    # LazyProperties know their values without thirteen attribute look-ups;
+    # other property objects (pika's, in tests) have no raw header to keep.
     if props and hasattr(props[0], "arrow_row"):
         return (p.arrow_row() for p in props)
-    return map(_PROPERTY_GETTER, props)
+    return ((*_PROPERTY_GETTER(p), None) for p in props)
 
 
 _ROW_GETTER = operator.attrgetter("body", "queue", "exchange", "routing_key", "tag", "redelivered", "props")
@@ -101,7 +103,7 @@ def to_record_batch(rows: Sequence[Delivery]) -> pa.RecordBatch:
     # absent, and an all-null column costs nothing to build.
     bodies, queues, exchanges, keys, tags, redelivered, props = zip(*map(_ROW_GETTER, rows), strict=True)
     prop_columns = list(zip(*_property_rows(props), strict=True))
-    *strings, priorities, modes, timestamps, headers = prop_columns
+    *strings, priorities, modes, timestamps, headers, raw_headers = prop_columns
     columns = [
         pa.array(bodies, pa.binary()),
         pa.array(queues, pa.string()),
@@ -114,6 +116,7 @@ def to_record_batch(rows: Sequence[Delivery]) -> pa.RecordBatch:
         _column(modes, pa.int32(), n),
         _timestamps(timestamps, n),
         _headers(headers, n),
+        _column(raw_headers, pa.binary(), n),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
 

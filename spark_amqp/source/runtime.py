@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from ..client import ConnectionLost, ServerClosedChannel, queue_depths
-from ..errors import AmqpSourceError
+from ..client import AmqpClient, queue_depths
+from ..errors import AmqpSourceError, explain, is_transient
 from ..offsets import AmqpSourceOffset, QueuePosition
 from ..options import DEFAULT_JOURNAL_RETENTION, SourceOptions
 from . import arrow
@@ -341,12 +341,29 @@ class SourceRuntime:
             self.journalled.retire(self.committed_seq, self.ledgers.values(), force)
 
     def _queue_depths(self, queues: list[str] | tuple[str, ...]) -> dict[str, int]:
-        try:
-            return asyncio.run(queue_depths(self.options.connection, queues, f"spark-amqp source {self.run_id} depth"))
-        except ServerClosedChannel as err:
-            raise AmqpSourceError(f"cannot measure the depth of {', '.join(queues)}: {err.code} {err.text}") from None
-        except (OSError, ConnectionLost, asyncio.TimeoutError) as err:
-            raise AmqpSourceError(f"cannot measure queue depths on {self.options.connection.display_uri}: {err}") from None
+        """Ready messages per queue; transient failures are retried for up to connectionTimeout."""
+        connection = self.options.connection
+
+        async def measure() -> dict[str, int]:
+            client = await AmqpClient.connect(connection, f"spark-amqp source {self.run_id} depth")
+            try:
+                return await queue_depths(client, queues)
+            finally:
+                await client.close()
+
+        deadline = time.monotonic() + connection.connection_timeout
+        backoff = 0.2
+        while True:
+            try:
+                return asyncio.run(measure())
+            except Exception as err:
+                if is_transient(err) and time.monotonic() + backoff < deadline:
+                    log.warning("AMQP source: cannot measure queue depths (%s); retrying", err)
+                    time.sleep(backoff)
+                    backoff = min(2 * backoff, 5.0)
+                    continue
+                subject = f"queue '{queues[0]}'" if len(queues) == 1 else f"queues {', '.join(queues)}"
+                raise AmqpSourceError(explain(err, connection.display_uri, connection.username, connection.vhost, subject)) from err
 
 
 def _in_source_runner() -> bool:

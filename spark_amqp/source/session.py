@@ -21,8 +21,9 @@ from typing import Any, NamedTuple, TypeVar
 
 from pamqp import commands
 
-from ..client import AmqpClient, ClientChannel, ConnectionLost, LazyProperties, LoginRefused, ServerClosedChannel
-from ..errors import AmqpSourceError, reply_name
+from .. import framing
+from ..client import AmqpClient, ClientChannel, LazyProperties
+from ..errors import AccessRefused, AmqpProtocolError, AmqpReplyError, AmqpSourceError, ResourceLocked, explain, is_transient
 from ..options import SourceOptions
 
 log = logging.getLogger("spark_amqp.source")
@@ -57,7 +58,6 @@ class AckConfirmed(NamedTuple):
 
 MIN_BACKOFF = 0.2
 MAX_BACKOFF = 10.0
-FATAL_CHANNEL_CODES = {403: "access refused", 404: "not found", 405: "locked by an exclusive consumer or owner"}
 
 
 class _Consumer:
@@ -109,6 +109,8 @@ class ConsumerSession:
         self.check()
 
     def check(self) -> None:
+        if self.fatal is None and not self._stopping and self._thread is not None and not self._thread.is_alive():
+            self.fatal = AmqpSourceError("the AMQP consumer thread ended unexpectedly")
         if self.fatal is not None:
             raise self.fatal
 
@@ -145,7 +147,10 @@ class ConsumerSession:
         try:
             return future.result(timeout)
         except TimeoutError:
-            raise AmqpSourceError(f"the broker did not answer within {timeout:.0f}s") from None
+            future.cancel()
+            raise AmqpSourceError(f"{self.options.connection.display_uri} did not answer within {timeout:.0f}s") from None
+        except AmqpProtocolError as err:
+            raise self._error(err) from err
 
     # -- I/O thread -------------------------------------------------------------
 
@@ -158,6 +163,8 @@ class ConsumerSession:
             loop.run_until_complete(self._main)
         except asyncio.CancelledError:
             pass
+        except BaseException as err:  # a bug must fail the query with its cause, never leave it waiting
+            self._crashed(err)
         finally:
             self._started.set()  # unblock a waiting start(); check() reports why
             loop.close()
@@ -168,24 +175,18 @@ class ConsumerSession:
         while not self._stopping and self.fatal is None:
             try:
                 client = await AmqpClient.connect(connection, f"spark-amqp source {self.run_id}")
-            except LoginRefused:
-                self.fatal = AmqpSourceError(
-                    f"the broker refused the login of user '{connection.username}' on {connection.display_uri} "
-                    "(check the uri's user and the 'password' option)"
-                )
-                return
-            except (OSError, ConnectionLost, asyncio.TimeoutError) as err:
-                self._last_error = _describe(err)
-                if isinstance(err, ConnectionLost) and "does not speak AMQP" in str(err):
-                    self.fatal = AmqpSourceError(f"{connection.display_uri}: {err}")
+            except Exception as err:
+                if not is_transient(err):
+                    self.fatal = self._error(err)
                     return
-                log.warning("AMQP source: cannot connect to %s (%s); retrying", connection.display_uri, self._last_error)
+                self._last_error = str(err)
+                log.warning("AMQP source: cannot connect to %s (%s); retrying in %.1fs", connection.display_uri, err, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(MAX_BACKOFF, backoff * 2)
                 continue
             backoff = MIN_BACKOFF
             self._client = client
-            tasks = [asyncio.ensure_future(self._consume_queue(client, q)) for q in self.options.queues]
+            tasks = [self._supervised(self._consume_queue(client, q)) for q in self.options.queues]
             reason = await client.closed
             for task in tasks:
                 task.cancel()
@@ -193,38 +194,73 @@ class ConsumerSession:
             for consumer in list(self._consumers.values()):
                 self._session_lost(consumer, f"connection lost: {reason}")
             self._client = None
-            if not self._stopping and self.fatal is None:
-                log.warning("AMQP source: connection to %s lost (%s); reconnecting", connection.display_uri, reason)
-                await asyncio.sleep(backoff)
+            if self._stopping or self.fatal is not None:
+                return
+            if not is_transient(reason):
+                self.fatal = self._error(reason)
+                return
+            self._last_error = str(reason)
+            log.warning("AMQP source: connection to %s lost (%s); reconnecting", connection.display_uri, reason)
+            await asyncio.sleep(backoff)
+
+    def _supervised(self, coro: Awaitable[None]) -> asyncio.Task[None]:
+        """A task whose unexpected exception fails the query (never a silent, dead consumer)."""
+        task = asyncio.ensure_future(coro)
+
+        def done(t: asyncio.Task[None]) -> None:
+            if not t.cancelled() and t.exception() is not None:
+                self._crashed(t.exception())  # type: ignore[arg-type]
+
+        task.add_done_callback(done)
+        return task
+
+    def _crashed(self, err: BaseException) -> None:
+        log.error("AMQP source: the consumer failed unexpectedly", exc_info=err)
+        if self.fatal is None:
+            fatal = AmqpSourceError(f"the AMQP consumer failed unexpectedly: {type(err).__name__}: {err}")
+            fatal.__cause__ = err
+            self.fatal = fatal
+        if self._client is not None and not self._client.closed.done():
+            self._client.abort(_Stopped("consumer failed"))
+
+    def _error(self, err: BaseException, queue: str = "") -> AmqpSourceError:
+        c = self.options.connection
+        error = AmqpSourceError(explain(err, c.display_uri, c.username, c.vhost, f"queue '{queue}'" if queue else ""))
+        error.__cause__ = err
+        return error
 
     async def _consume_queue(self, client: AmqpClient, queue: str) -> None:
+        backoff = MIN_BACKOFF
         while not self._stopping and self.fatal is None and not client.closed.done():
             try:
                 channel = await client.channel()
-            except (ConnectionLost, ServerClosedChannel):
-                return
+            except AmqpProtocolError:
+                return  # the connection is going: _run decides what next
             self._epoch += 1
             consumer = _Consumer(channel, f"{self.run_id}.{self._epoch}", queue)
             self._consumers[consumer.session] = consumer
+            reason: AmqpProtocolError | None
             try:
                 await self._subscribe(consumer)
+                backoff = MIN_BACKOFF
                 reason = await channel.closed
-            except ServerClosedChannel as err:
+            except AmqpReplyError as err:
                 reason = err
-            except ConnectionLost:
+            except AmqpProtocolError:
                 return
             self._session_lost(consumer, str(reason) if reason is not None else "closed")
-            if isinstance(reason, ServerClosedChannel) and self._on_channel_error(queue, reason):
+            if isinstance(reason, AmqpReplyError) and self._on_channel_error(queue, reason):
                 return
-            await asyncio.sleep(MIN_BACKOFF)
+            await asyncio.sleep(backoff)
+            backoff = min(MAX_BACKOFF, backoff * 2)
 
     async def _subscribe(self, consumer: _Consumer) -> None:
         channel, queue = consumer.channel, consumer.queue
         decl = self.options.declaration
         if decl is not None:
-            await channel.rpc(commands.Queue.Declare(queue=queue, durable=decl.durable, arguments=decl.arguments or None))
+            await channel.rpc(framing.build(commands.Queue.Declare, queue=queue, durable=decl.durable, arguments=decl.arguments or None))
             if decl.exchange:
-                await channel.rpc(commands.Queue.Bind(queue=queue, exchange=decl.exchange, routing_key=decl.binding_key))
+                await channel.rpc(framing.build(commands.Queue.Bind, queue=queue, exchange=decl.exchange, routing_key=decl.binding_key))
         await channel.rpc(commands.Basic.Qos(prefetch_count=self.options.prefetch))
         inbox, session = self.inbox, consumer.session
 
@@ -245,26 +281,36 @@ class ConsumerSession:
             self._started.set()
 
     async def _basic_consume(self, consumer: _Consumer) -> None:
-        ok = await consumer.channel.rpc(commands.Basic.Consume(queue=consumer.queue, exclusive=self.options.exclusive_consumer))
+        ok = await consumer.channel.rpc(
+            framing.build(commands.Basic.Consume, queue=consumer.queue, exclusive=self.options.exclusive_consumer)
+        )
         consumer.tag = ok.consumer_tag
         self._subscribed_once.add(consumer.queue)
         self._exclusive_refused_since.pop(consumer.queue, None)
 
-    def _on_channel_error(self, queue: str, reason: ServerClosedChannel) -> bool:
+    def _on_channel_error(self, queue: str, reason: AmqpReplyError) -> bool:
         """Log a channel closed by the broker; True when it is fatal for the query."""
-        display = self.options.connection.display_uri
-        reply = f"{reason.code} {reply_name(reason.code)}: {reason.text}"
-        if reason.code == 403 and self.options.exclusive_consumer and "exclusive" in reason.text:
+        if self._exclusive_conflict(reason):
             if self._exclusive_conflict_is_transient(queue):
                 return False
+            c = self.options.connection
             return self._fail(
-                f"queue '{queue}' on {display} already has an exclusive consumer ({reply}). Exactly-once "
+                f"queue '{queue}' on {c.display_uri} already has an exclusive consumer ({reason}). Exactly-once "
                 "(journalLocation) needs one streaming query per queue; stop the other query, or set "
                 "exclusiveConsumer=false if you accept duplicates"
             )
-        if reason.code in FATAL_CHANNEL_CODES:
-            return self._fail(f"queue '{queue}' on {display}: {FATAL_CHANNEL_CODES[reason.code]} ({reply})")
-        if reason.code == 406 and "timed out" in reason.text:
+        if not reason.transient:
+            return self._fail(
+                explain(
+                    reason,
+                    self.options.connection.display_uri,
+                    self.options.connection.username,
+                    self.options.connection.vhost,
+                    f"queue '{queue}'",
+                ),
+                reason,
+            )
+        if reason.code == 406:  # transient 406: a close no method caused, which is RabbitMQ's consumer_timeout
             log.warning(
                 "AMQP source: RabbitMQ's consumer_timeout closed the channel of queue '%s' (%s). Deliveries stay "
                 "unacknowledged until the batch holding them is committed; a trigger interval or batch duration "
@@ -274,11 +320,16 @@ class ConsumerSession:
                 reason.text,
             )
         else:
-            log.warning("AMQP source: channel for queue '%s' closed (%s %s); reopening", queue, reason.code, reason.text)
+            log.warning("AMQP source: channel for queue '%s' closed (%s); reopening", queue, reason)
         return False
 
-    def _fail(self, message: str) -> bool:
+    def _exclusive_conflict(self, reason: AmqpReplyError) -> bool:
+        """Our exclusive basic.consume refused because another consumer holds the queue."""
+        return self.options.exclusive_consumer and isinstance(reason, AccessRefused | ResourceLocked) and reason.method == "Basic.Consume"
+
+    def _fail(self, message: str, cause: BaseException | None = None) -> bool:
         self.fatal = AmqpSourceError(message)
+        self.fatal.__cause__ = cause
         if self._client is not None:
             self._background(self._client.close())
         return True
@@ -316,8 +367,8 @@ class ConsumerSession:
         # basic.qos is synchronous: its reply proves the ack before it was processed.
         try:
             await consumer.channel.rpc(commands.Basic.Qos(prefetch_count=self.options.prefetch))
-        except (ConnectionLost, ServerClosedChannel):
-            return
+        except AmqpProtocolError:
+            return  # the channel is gone: its deliveries come back, and the ledger knows the ack is unproven
         self.inbox.append(AckConfirmed(consumer.session, tag))
 
     async def _cancel_all(self) -> None:
@@ -340,5 +391,5 @@ class ConsumerSession:
             self._main.cancel()
 
 
-def _describe(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+class _Stopped(AmqpProtocolError):
+    """Why the consumer's own connection was dropped after a failure (never retried)."""

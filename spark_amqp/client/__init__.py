@@ -1,0 +1,14 @@
+"""A small asyncio AMQP 0-9-1 client on pamqp: what the source and the sink need and nothing more.
+
+``connection`` (socket, handshake, heartbeats, TLS), ``channel`` (calls with
+timeouts, closes, content assembly), ``consumer`` (deliveries, queue depths),
+``publisher`` (publish frames, confirms, returns), ``properties`` (lenient,
+lazy property decoding).
+"""
+
+from .channel import ClientChannel
+from .connection import AmqpClient
+from .consumer import queue_depths
+from .properties import LazyProperties
+
+__all__ = ["AmqpClient", "ClientChannel", "LazyProperties", "queue_depths"]

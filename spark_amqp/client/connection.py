@@ -1,0 +1,252 @@
+"""``AmqpClient``: one AMQP 0-9-1 connection on asyncio, owned by one protocol object.
+
+As in aiormq, the protocol object owns the socket: ``data_received`` cuts
+frames and hands them to channels, writes go straight to the transport.
+Every way the connection can end is one exception from ``spark_amqp.errors``
+set on ``closed``: a ``connection.close`` from the broker becomes its reply
+code's class, a dead socket or silent peer ``ConnectionLost``, TLS or a
+non-AMQP peer ``HandshakeFailed``. Whether to retry is the caller's call,
+through ``errors.is_transient``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from typing import Any
+
+from pamqp import commands
+
+from .. import framing
+from ..errors import AmqpOptionError, AmqpProtocolError, ConnectionLost, DecodeError, HandshakeFailed, reply_error
+from ..options import ConnectionOptions
+from .channel import ClientChannel
+
+__all__ = ["AmqpClient", "tls_context"]
+
+C = commands.Connection
+MAX_FRAME = 131072
+CLOSE_TIMEOUT = 5.0
+
+
+def tls_context(options: ConnectionOptions) -> ssl.SSLContext | None:
+    tls = options.tls
+    if tls is None:
+        return None
+    try:
+        context = ssl.create_default_context(cafile=tls.ca_file)
+    except (OSError, ssl.SSLError) as err:
+        raise AmqpOptionError(f"option 'tls.caFile' ({tls.ca_file}): cannot load CA certificates: {err}") from None
+    context.check_hostname = tls.check_hostname
+    if not tls.check_hostname and tls.ca_file is None:
+        context.verify_mode = ssl.CERT_NONE  # no CA and no name check: encryption only, as asked
+    if tls.cert_file and tls.key_file:
+        try:
+            context.load_cert_chain(tls.cert_file, tls.key_file)
+        except (OSError, ssl.SSLError) as err:
+            raise AmqpOptionError(
+                f"options 'tls.certFile' ({tls.cert_file}) and 'tls.keyFile' ({tls.key_file}): cannot load the client certificate: {err}"
+            ) from None
+    return context
+
+
+def _tls_failure(options: ConnectionOptions, err: ssl.SSLError) -> HandshakeFailed:
+    where = f"{options.host}:{options.port}"
+    if isinstance(err, ssl.SSLCertVerificationError):
+        return HandshakeFailed(
+            f"TLS: the certificate of {where} failed verification ({err.verify_message}); set 'tls.caFile' to the CA that "
+            "signed it, or tls.checkHostname=false if only the name differs"
+        )
+    return HandshakeFailed(f"TLS handshake with {where} failed ({err.reason or err}); is it a TLS port (amqps, usually 5671)?")
+
+
+class AmqpClient(asyncio.Protocol):
+    """One connection; deliveries are handed to channel callbacks from ``data_received``."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, options: ConnectionOptions, client_name: str) -> None:
+        self.loop = loop
+        self.options = options
+        self.client_name = client_name
+        self.transport: asyncio.Transport | None = None
+        self.channels: dict[int, ClientChannel] = {}
+        self.closed: asyncio.Future[AmqpProtocolError] = loop.create_future()
+        self.frame_max = MAX_FRAME
+        self.heartbeat = 0
+        self._buffer = bytearray()
+        self._opened: asyncio.Future[None] = loop.create_future()
+        self._next_channel = 1
+        self._last_recv = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+
+    @classmethod
+    async def connect(cls, options: ConnectionOptions, client_name: str) -> AmqpClient:
+        """Connect, log in and open the vhost within ``connectionTimeout``; nothing is left open on failure."""
+        loop = asyncio.get_running_loop()
+        ctx = tls_context(options)
+        made: list[AmqpClient] = []
+
+        def factory() -> AmqpClient:
+            made.append(cls(loop, options, client_name))
+            return made[0]
+
+        async def open_connection() -> None:
+            await loop.create_connection(factory, options.host, options.port, ssl=ctx, server_hostname=options.host if ctx else None)
+            await asyncio.shield(made[0]._opened)
+
+        try:
+            await asyncio.wait_for(open_connection(), options.connection_timeout)
+        except asyncio.TimeoutError:
+            err: AmqpProtocolError = ConnectionLost(
+                f"no answer from {options.host}:{options.port} within connectionTimeout={options.connection_timeout:g}s"
+            )
+        except ssl.SSLError as tls_err:
+            err = _tls_failure(options, tls_err)
+        except AmqpProtocolError as protocol_err:
+            err = protocol_err
+        except OSError as os_err:
+            err = ConnectionLost(f"cannot connect to {options.host}:{options.port}: {os_err.strerror or os_err}")
+        else:
+            return made[0]
+        if made:  # a half-open, perhaps logged-in, connection must not outlive the attempt
+            made[0].abort(err)
+        raise err
+
+    # -- asyncio.Protocol ---------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self._last_recv = self.loop.time()
+        transport.write(framing.PROTOCOL_HEADER)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost(ConnectionLost(f"socket closed: {exc}" if exc else "socket closed by the broker"))
+
+    def data_received(self, data: bytes) -> None:
+        self._last_recv = self.loop.time()
+        buf = self._buffer
+        buf += data
+        if not self._opened.done() and buf[:4] == b"AMQP":
+            self._lost(HandshakeFailed(f"the broker does not speak AMQP 0-9-1 (it answered {bytes(buf[:8])!r})"))
+            return
+        offset = 0
+        head = framing.FRAME_HEAD
+        try:
+            while len(buf) - offset >= 8:
+                ftype, channel, size = head.unpack_from(buf, offset)
+                end = offset + 7 + size
+                if len(buf) <= end:
+                    break
+                payload = bytes(buf[offset + 7 : end])
+                offset = end + 1
+                if channel == 0:
+                    if ftype == 1:
+                        self._on_connection_method(framing.decode_method(payload))
+                    continue
+                ch = self.channels.get(channel)
+                if ch is None:
+                    continue
+                if ftype == 1:
+                    ch.on_method(payload)
+                elif ftype == 2:
+                    ch.on_header(payload)
+                elif ftype == 3:
+                    ch.on_body(payload)
+        except DecodeError as err:
+            self._lost(DecodeError(f"undecodable frame from the broker: {err}"))
+        finally:
+            del buf[:offset]
+
+    # -- connection class -------------------------------------------------------------
+
+    def _on_connection_method(self, method: Any) -> None:
+        if isinstance(method, C.Start):
+            props: dict[str, Any] = {
+                "product": "spark-amqp",
+                "connection_name": self.client_name,
+                "capabilities": {
+                    "authentication_failure_close": True,
+                    "consumer_cancel_notify": True,
+                    "basic.nack": True,
+                    "publisher_confirms": True,
+                    "connection.blocked": True,
+                },
+            }
+            response = f"\0{self.options.username}\0{self.options.password}"
+            self.send_method(0, C.StartOk(client_properties=props, mechanism="PLAIN", response=response, locale="en_US"))
+        elif isinstance(method, C.Tune):
+            self.frame_max = min(method.frame_max or MAX_FRAME, MAX_FRAME)
+            self.heartbeat = min(self.options.heartbeat, method.heartbeat) if method.heartbeat else self.options.heartbeat
+            channel_max = method.channel_max or 2047
+            self.send_method(0, C.TuneOk(channel_max=channel_max, frame_max=self.frame_max, heartbeat=self.heartbeat))
+            self.send_method(0, framing.build(C.Open, virtual_host=self.options.vhost, capabilities="", insist=False))
+            if self.heartbeat:
+                self._timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat)
+        elif isinstance(method, C.OpenOk):
+            if not self._opened.done():
+                self._opened.set_result(None)
+        elif isinstance(method, C.Close):
+            self.send_method(0, C.CloseOk())
+            code = method.reply_code or 0
+            self._lost(reply_error(code, method.reply_text or "", method.class_id or 0, method.method_id or 0, on_connection=True))
+        elif isinstance(method, C.CloseOk):
+            self._lost(ConnectionLost("closed"))
+
+    def _heartbeat(self) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        if self.loop.time() - self._last_recv > 2 * self.heartbeat:
+            self.abort(ConnectionLost(f"missed heartbeats from the broker ({self.heartbeat}s)"))
+            return
+        self.write(framing.HEARTBEAT_FRAME)
+        self._timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat)
+
+    def _lost(self, reason: AmqpProtocolError) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if not self._opened.done():
+            self._opened.set_exception(reason)
+            self._opened.exception()  # retrieved: connect() reports it
+        if not self.closed.done():
+            self.closed.set_result(reason)
+        for ch in list(self.channels.values()):
+            ch._finish(reason)
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    # -- API ----------------------------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def send_method(self, channel: int, method: Any) -> None:
+        self.write(framing.method_frame(channel, method))
+
+    def abort(self, reason: AmqpProtocolError) -> None:
+        """Drop the socket at once (no close handshake) and end every channel with ``reason``."""
+        if self.transport is not None:
+            self.transport.abort()
+        self._lost(reason)
+
+    async def channel(self) -> ClientChannel:
+        if self.closed.done():
+            raise self.closed.result()
+        number = self._next_channel
+        self._next_channel = number % 2047 + 1
+        while number in self.channels:
+            number = self._next_channel
+            self._next_channel = number % 2047 + 1
+        ch = ClientChannel(self, number)
+        self.channels[number] = ch
+        await ch.rpc(commands.Channel.Open())
+        return ch
+
+    async def close(self) -> None:
+        if self.closed.done():
+            return
+        self.send_method(0, framing.build(C.Close, reply_code=200, reply_text="bye", class_id=0, method_id=0))
+        try:
+            await asyncio.wait_for(asyncio.shield(self.closed), CLOSE_TIMEOUT)
+        except asyncio.TimeoutError:
+            self.abort(ConnectionLost("closed"))
