@@ -42,7 +42,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_amqp.broker import EmbeddedBroker
-from spark_amqp.properties import INT_PROPERTIES, STRING_PROPERTIES
+from spark_amqp.property_columns import INT_PROPERTIES, STRING_PROPERTIES
 from spark_amqp.sink.columns import ACCEPTED, SOURCE_ONLY_COLUMNS
 
 DEFAULT_QUEUE = "delta.demo"
