@@ -51,7 +51,7 @@ class AmqpDataSource(DataSource):
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         from .sink.writer import AmqpStreamWriter
 
-        return AmqpStreamWriter(self.sink_options(schema))
+        return AmqpStreamWriter(self.sink_options(schema), schema)
 
     def source_options(self) -> SourceOptions:
         return parse_source_options(self.options)

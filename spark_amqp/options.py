@@ -10,6 +10,8 @@ is shown to a person uses ``ConnectionOptions.display_uri``.
 from __future__ import annotations
 
 import json
+import math
+import os
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -32,6 +34,11 @@ MAX_PREFETCH = 65535  # basic.qos prefetch_count is a 16-bit field
 DEFAULT_PREFETCH = 20_000
 DEFAULT_MAX_MESSAGES_PER_TRIGGER = 10_000
 DEFAULT_JOURNAL_RETENTION = 1800.0
+# Upper bounds: past these a value is a mistake (milliseconds for seconds), and a
+# wait that long looks like a hang.
+MAX_SECONDS_WAIT = 3600.0  # connectionTimeout, confirmTimeout
+MAX_SECONDS_HEARTBEAT = 3600
+MAX_JOURNAL_RETENTION = 7 * 86400.0
 DEDUPE_MODES = {"messageid": "messageId", "content": "content"}
 
 
@@ -207,7 +214,8 @@ class _Reader:
             raise AmqpOptionError(f"option '{self.name(key)}' must be {bounds}, got {value}")
         return value
 
-    def number(self, key: str, default: float, low: float) -> float:
+    def number(self, key: str, default: float, low: float, high: float) -> float:
+        """A finite number of seconds in [low, high]: inf or nan would make a wait endless or never end."""
         raw = self.text(key)
         if raw is None:
             return default
@@ -215,9 +223,21 @@ class _Reader:
             value = float(raw.strip())
         except ValueError:
             raise AmqpOptionError(f"option '{self.name(key)}' must be a number, got {raw!r}") from None
-        if not value >= low:
-            raise AmqpOptionError(f"option '{self.name(key)}' must be at least {low}, got {value}")
+        if not (math.isfinite(value) and low <= value <= high):
+            raise AmqpOptionError(
+                f"option '{self.name(key)}' must be a number of seconds between {low:g} and {high:g}, got {raw.strip()!r}"
+            )
         return value
+
+    def readable_file(self, key: str) -> str | None:
+        path = self.text(key)
+        if path is None:
+            return None
+        if not os.path.isfile(path):
+            raise AmqpOptionError(f"option '{self.name(key)}': no such file: {path}")
+        if not os.access(path, os.R_OK):
+            raise AmqpOptionError(f"option '{self.name(key)}': file not readable by this process: {path}")
+        return path
 
     def boolean(self, key: str, default: bool) -> bool:
         raw = self.text(key)
@@ -244,36 +264,43 @@ class _Reader:
 
 
 def _parse_connection(r: _Reader) -> ConnectionOptions:
-    uri = r.required("uri", "the broker address, e.g. amqp://user@host:5672/vhost (put the password in option 'password')")
-    try:
-        parts = urllib.parse.urlsplit(uri.strip())
-        port = parts.port
-    except ValueError:
-        raise AmqpOptionError(f"option 'uri' is not a valid AMQP URI: {_redact_uri(uri)}") from None
-    scheme = parts.scheme.lower()
+    uri = r.required("uri", "the broker address, e.g. amqp://user@host:5672/vhost (put the password in option 'password')").strip()
+    scheme, userinfo, address = _split_uri(uri)
+    shown = _redact_uri(uri)
     if scheme not in ("amqp", "amqps"):
-        raise AmqpOptionError(f"option 'uri' must start with amqp:// or amqps://, got {_redact_uri(uri)}")
+        raise AmqpOptionError(f"option 'uri' must start with amqp:// or amqps://, got {shown}")
+    try:
+        parts = urllib.parse.urlsplit(f"{scheme}://{address}")
+        port = parts.port
+    except ValueError as err:
+        raise AmqpOptionError(f"option 'uri' is not a valid AMQP URI ({err}): {shown}") from None
     if not parts.hostname:
-        raise AmqpOptionError(f"option 'uri' has no host: {_redact_uri(uri)}")
+        raise AmqpOptionError(f"option 'uri' has no host: {shown}")
     if parts.query or parts.fragment:
         raise AmqpOptionError(
             "option 'uri' must not carry query parameters; use the connector's options (heartbeat, connectionTimeout, tls.*)"
         )
     path = parts.path[1:] if parts.path.startswith("/") else parts.path
     vhost = urllib.parse.unquote(path) if path else "/"
-    username = urllib.parse.unquote(parts.username) if parts.username else "guest"
+    user, has_password, uri_password = (userinfo or "").partition(":")
+    username = urllib.parse.unquote(user) if user else "guest"
     password = r.text("password")
     if password is None:
-        password = urllib.parse.unquote(parts.password) if parts.password is not None else "guest"
+        password = urllib.parse.unquote(uri_password) if has_password else "guest"
     tls_keys = ("tls.caFile", "tls.certFile", "tls.keyFile", "tls.checkHostname")
     tls: TlsOptions | None = None
     if scheme == "amqps":
-        tls = TlsOptions(r.text("tls.caFile"), r.text("tls.certFile"), r.text("tls.keyFile"), r.boolean("tls.checkHostname", True))
+        tls = TlsOptions(
+            r.readable_file("tls.caFile"),
+            r.readable_file("tls.certFile"),
+            r.readable_file("tls.keyFile"),
+            r.boolean("tls.checkHostname", True),
+        )
         if (tls.cert_file is None) != (tls.key_file is None):
             raise AmqpOptionError("options 'tls.certFile' and 'tls.keyFile' go together: give both or neither")
     elif any(r.text(k) is not None for k in tls_keys):
         raise AmqpOptionError("tls.* options need an amqps:// uri")
-    heartbeat = r.integer("heartbeat", 60, 0, 65535)
+    heartbeat = r.integer("heartbeat", 60, 0, MAX_SECONDS_HEARTBEAT)
     assert heartbeat is not None
     return ConnectionOptions(
         host=parts.hostname,
@@ -283,20 +310,29 @@ def _parse_connection(r: _Reader) -> ConnectionOptions:
         password=password,
         tls=tls,
         heartbeat=heartbeat,
-        connection_timeout=r.number("connectionTimeout", 30.0, 0.1),
+        connection_timeout=r.number("connectionTimeout", 30.0, 0.1, MAX_SECONDS_WAIT),
     )
+
+
+def _split_uri(uri: str) -> tuple[str, str | None, str]:
+    """(scheme, userinfo or None, the rest). Userinfo runs to the last '@', so that an unencoded '#', '?' or '/'
+    in a password neither ends it nor shows up in an error as part of the host or path."""
+    scheme, sep, rest = uri.partition("://")
+    if not sep:
+        return "", None, uri
+    userinfo, at, address = rest.rpartition("@")
+    if not at or "/" in userinfo.partition(":")[0]:
+        return scheme.lower(), None, rest  # no '@', or it belongs to the path: no credentials here
+    return scheme.lower(), userinfo, address
 
 
 def _redact_uri(uri: str) -> str:
     """A uri as typed by the user, minus any password, for error messages."""
-    try:
-        parts = urllib.parse.urlsplit(uri)
-        if parts.password is None:
-            return uri
-        netloc = parts.netloc.rsplit("@", 1)[1]
-        return urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.username}:***@{netloc}"))
-    except ValueError:
-        return "<unparseable uri>"
+    scheme, userinfo, address = _split_uri(uri)
+    if userinfo is None:
+        return uri if scheme else "<not a uri>"
+    user, has_password, _ = userinfo.partition(":")
+    return f"{scheme}://{user}{':***' if has_password else ''}@{address}"
 
 
 def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
@@ -340,7 +376,7 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
     if location is not None:
         if location.strip() == "":
             raise AmqpOptionError("option 'journalLocation' is empty: give a directory on durable storage, or leave it out")
-        journal = JournalOptions(location.strip(), r.number("journalRetention", DEFAULT_JOURNAL_RETENTION, 1.0))
+        journal = JournalOptions(location.strip(), r.number("journalRetention", DEFAULT_JOURNAL_RETENTION, 1.0, MAX_JOURNAL_RETENTION))
     elif r.text("journalRetention") is not None:
         raise AmqpOptionError("option 'journalRetention' only applies with option 'journalLocation'")
     dedupe = (r.text("dedupeBy", "messageId") or "").strip()
@@ -387,7 +423,7 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         raise AmqpOptionError("option 'declareQueue' takes the name of a queue to declare")
     if declare_queue is None and (r.text("queueArguments") is not None or r.text("bindingKey") is not None):
         raise AmqpOptionError("options 'queueArguments' and 'bindingKey' only apply with declareQueue=<queue name>")
-    confirm_timeout = r.number("confirmTimeout", 30.0, 0.001)
+    confirm_timeout = r.number("confirmTimeout", 30.0, 0.001, MAX_SECONDS_WAIT)
     max_in_flight = r.integer("maxInFlight", 1000, 1, 1_000_000)
     max_message_size = r.integer("maxMessageSize", DEFAULT_MAX_MESSAGE_SIZE, 1)
     assert max_in_flight is not None and max_message_size is not None

@@ -83,12 +83,14 @@ def test_missing_queue_option() -> None:
         parse_source_options({"uri": "amqp://h/"})
 
 
-def test_tls_and_declaration() -> None:
+def test_tls_and_declaration(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not checked until a connection is made")
     o = parse_source_options(
         {
             "uri": "amqps://u@h/v",
             "queue": "q",
-            "tls.caFile": "/ca.pem",
+            "tls.caFile": str(ca),
             "tls.checkHostname": "false",
             "declareQueue": "true",
             "queueArguments": '{"x-queue-type": "quorum"}',
@@ -100,4 +102,50 @@ def test_tls_and_declaration() -> None:
     assert o.declaration is not None and o.declaration.arguments == {"x-queue-type": "quorum"}
     assert (o.declaration.exchange, o.declaration.binding_key, o.declaration.durable) == ("events", "orders.#", True)
     with pytest.raises(AmqpOptionError, match=r"'tls\.certFile' and 'tls\.keyFile' go together"):
-        parse_source_options({"uri": "amqps://u@h/v", "queue": "q", "tls.certFile": "/c.pem"})
+        parse_source_options({"uri": "amqps://u@h/v", "queue": "q", "tls.certFile": str(ca)})
+
+
+def test_tls_files_must_exist_and_be_readable(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    for key in ("tls.caFile", "tls.certFile", "tls.keyFile"):
+        with pytest.raises(AmqpOptionError, match=f"option '{key}': no such file: /nowhere/x.pem"):
+            parse_source_options({"uri": "amqps://u@h/v", "queue": "q", key: "/nowhere/x.pem"})
+    unreadable = tmp_path / "key.pem"
+    unreadable.write_text("secret")
+    unreadable.chmod(0)
+    import os
+
+    if os.geteuid() != 0:  # root reads anything
+        with pytest.raises(AmqpOptionError, match="file not readable"):
+            parse_source_options({"uri": "amqps://u@h/v", "queue": "q", "tls.caFile": str(unreadable)})
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e9", "0"])
+@pytest.mark.parametrize("key", ["connectionTimeout", "journalRetention"])
+def test_numeric_options_refuse_infinite_and_absurd_values(key: str, value: str) -> None:
+    extra = {"journalLocation": "/tmp/j"} if key == "journalRetention" else {}
+    with pytest.raises(AmqpOptionError, match=f"option '{key}' must be a number of seconds between"):
+        parse_source_options({**BASE, **extra, key: value})
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e9", "0", "-1"])
+def test_confirm_timeout_refuses_infinite_and_absurd_values(value: str) -> None:
+    from spark_amqp.options import parse_sink_options
+
+    with pytest.raises(AmqpOptionError, match="option 'confirmTimeout' must be a number of seconds between"):
+        parse_sink_options({"uri": "amqp://h/", "confirmTimeout": value})
+
+
+def test_heartbeat_has_a_sane_ceiling() -> None:
+    assert _parse(heartbeat="3600").connection.heartbeat == 3600
+    with pytest.raises(AmqpOptionError, match="option 'heartbeat' must be between 0 and 3600"):
+        _parse(heartbeat="65535")
+
+
+@pytest.mark.parametrize("password", ["pa#ss", "pa?ss", "pa/ss", "p@ss#?/w:rd"])
+def test_a_password_with_uri_delimiters_parses_and_never_shows(password: str) -> None:
+    o = parse_source_options({"uri": f"amqp://alice:{password}@rabbit:5673/prod", "queue": "q"})
+    c = o.connection
+    assert (c.username, c.password, c.host, c.port, c.vhost) == ("alice", password, "rabbit", 5673, "prod")
+    with pytest.raises(AmqpOptionError) as info:
+        parse_source_options({"uri": f"amqp://alice:{password}@rabbit:bad/prod", "queue": "q"})
+    assert password not in str(info.value) and "alice:***@rabbit:bad/prod" in str(info.value)

@@ -14,13 +14,14 @@ batch before any message of that batch is published.
 from __future__ import annotations
 
 import datetime
+import decimal
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from pamqp import commands, header
+from pamqp import commands, encode, header
 
 from ..errors import AmqpOptionError
 from ..options import SinkOptions
@@ -82,12 +83,18 @@ def _shortstr(value: str) -> bytes:
 
 
 class MessageBuilder:
-    """Turns Arrow record batches into messages, validating a whole batch first."""
+    """Turns Arrow record batches into messages, validating a whole batch before the first of its messages goes out.
+
+    A bad value fails the task with an error naming the column, the row's
+    position in the partition and the value's type, and saying how many rows
+    of the partition were already published.
+    """
 
     def __init__(self, options: SinkOptions) -> None:
         self.options = options
         self.default_exchange = _shortstr(options.exchange)
         self.default_key = options.routing_key
+        self.position = 0  # rows of this partition in earlier batches (all published)
         self._shortstr_cache: dict[str, bytes] = {}
         constant = commands.Basic.Properties(delivery_mode=2 if options.persistent else None)
         self._constant_props = header.ContentHeader(0, 0, constant).marshal()[12:]
@@ -98,19 +105,18 @@ class MessageBuilder:
         body_col = columns["body"]
         if body_col.null_count:
             row = body_col.is_null().to_pylist().index(True)
-            raise AmqpOptionError(f"column 'body' is null in row {row} of this batch: every message needs a body (use an empty string)")
+            raise self._bad("body", row, None, "every message needs a body (use an empty string)")
         bodies = body_col.to_pylist()
         if pa.types.is_string(body_col.type) or pa.types.is_large_string(body_col.type):
             bodies = [b.encode("utf-8") for b in bodies]
         limit = self.options.max_message_size
         for i, body in enumerate(bodies):
             if len(body) > limit:
-                raise AmqpOptionError(
-                    f"row {i}: body of {len(body)} bytes is larger than the broker accepts (maxMessageSize {limit}); nothing of this batch was published"
-                )
+                raise self._bad("body", i, body, f"{len(body)} bytes is larger than the broker accepts (maxMessageSize {limit})")
         keys = self._names(columns.get("routing_key"), n, self.default_key or "", "routing_key")
         exchanges = self._names(columns.get("exchange"), n, None, "exchange")
         props = self._property_rows(columns, n)
+        self.position += n
         cache = self._shortstr_cache
         for i in range(n):
             key = keys[i]
@@ -125,6 +131,16 @@ class MessageBuilder:
             prop_bytes = self._constant_props if props is None else props[i]
             yield Outgoing(exchange, key_bytes, struct.pack(">HHQ", 60, 0, len(body)) + prop_bytes, body)
 
+    def _bad(self, column: str, row: int, value: Any, reason: str) -> AmqpOptionError:
+        kind = "null" if value is None else type(value).__name__
+        shown = "" if value is None or isinstance(value, bytes) else f" {_short(value)}"
+        published = (
+            f"nothing of its batch was published, the {self.position} row(s) before that batch were"
+            if self.position
+            else "nothing of this partition was published"
+        )
+        return AmqpOptionError(f"column '{column}', row {self.position + row} of this partition ({kind}{shown}): {reason}; {published}")
+
     def _names(self, column: pa.Array | None, n: int, default: str | None, name: str) -> list[Any]:
         """Per-row names; a null (or no column) takes ``default``."""
         if column is None:
@@ -134,44 +150,78 @@ class MessageBuilder:
             if value is None:
                 values[i] = default
             elif len(value.encode("utf-8")) > 255:
-                raise AmqpOptionError(f"column '{name}' in row {i} is {len(value.encode('utf-8'))} bytes; AMQP allows at most 255")
+                raise self._bad(name, i, value, f"{len(value.encode('utf-8'))} bytes; AMQP allows at most 255")
         return values
 
     def _property_rows(self, columns: dict[str, pa.Array], n: int) -> list[bytes] | None:
-        present = [c for c in (*STRING_PROPERTY_COLUMNS, *INT_PROPERTY_COLUMNS, "timestamp", "headers") if c in columns]
+        present = [c for c in PROPERTY_COLUMNS if c in columns]
         if not present:
             return None
         values = {c: columns[c].to_pylist() for c in present}
         out = []
         persistent = 2 if self.options.persistent else None
         for i in range(n):
-            kwargs: dict[str, Any] = {}
-            for c in STRING_PROPERTY_COLUMNS:
-                if c in values and values[c][i] is not None:
-                    kwargs["message_type" if c == "type" else c] = values[c][i]
-            for c in INT_PROPERTY_COLUMNS:
-                if c in values and values[c][i] is not None:
-                    kwargs[c] = int(values[c][i])
-            kwargs.setdefault("delivery_mode", persistent)
-            if "timestamp" in values and values["timestamp"][i] is not None:
-                ts = values["timestamp"][i]
-                if isinstance(ts, int):
-                    ts = datetime.datetime.fromtimestamp(ts, tz=datetime.timezone.utc)
-                kwargs["timestamp"] = ts
-            if "headers" in values and values["headers"][i] is not None:
-                pairs = values["headers"][i]
-                # Arrow maps come as (key, value) pairs; rows (PySpark 4.0 streaming) as dicts.
-                items = pairs.items() if isinstance(pairs, dict) else pairs
-                kwargs["headers"] = {str(k): _header_value(v) for k, v in items}
+            row = {c: values[c][i] for c in present if values[c][i] is not None}
             try:
-                props = commands.Basic.Properties(**kwargs)
-                out.append(header.ContentHeader(0, 0, props).marshal()[12:])
-            except (ValueError, TypeError) as err:
-                raise AmqpOptionError(f"row {i}: invalid message properties {sorted(kwargs)}: {err}") from None
+                kwargs = {_PAMQP_NAMES.get(c, c): _property_value(c, v) for c, v in row.items()}
+                kwargs.setdefault("delivery_mode", persistent)
+                out.append(header.ContentHeader(0, 0, commands.Basic.Properties(**kwargs)).marshal()[12:])
+            except (ValueError, TypeError, OverflowError, struct.error, decimal.InvalidOperation) as err:
+                column, reason = _culprit(row, err)
+                raise self._bad(column, i, row.get(column), reason) from None
         return out
 
 
-def _header_value(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return bytearray(value)  # pamqp encodes bytearray as a byte array ('x')
+PROPERTY_COLUMNS = (*STRING_PROPERTY_COLUMNS, *INT_PROPERTY_COLUMNS, "timestamp", "headers")
+_PAMQP_NAMES = {"type": "message_type"}
+_MAX_TIMESTAMP = 253402300799  # 9999-12-31T23:59:59Z, the last second a datetime (and Spark) holds
+
+
+def _property_value(column: str, value: Any) -> Any:
+    """A column's value as pamqp takes it, or ValueError saying what is wrong with it."""
+    if column in INT_PROPERTY_COLUMNS:
+        if not 0 <= value <= 255:
+            raise ValueError("must be between 0 and 255 (an AMQP octet)")
+        if column == "delivery_mode" and value not in (1, 2):
+            raise ValueError("must be 1 (transient) or 2 (persistent)")
+        return int(value)
+    if column == "timestamp":
+        if isinstance(value, datetime.datetime):
+            if value.tzinfo is None:
+                value = value.replace(tzinfo=datetime.timezone.utc)
+            value = int(value.timestamp())
+        if not 0 <= value <= _MAX_TIMESTAMP:
+            raise ValueError("must be between 1970-01-01 and 9999-12-31 (AMQP timestamps are unsigned epoch seconds)")
+        return datetime.datetime.fromtimestamp(value, tz=datetime.timezone.utc)
+    if column == "headers":
+        # Arrow maps come as (key, value) pairs; rows (PySpark 4.0 streaming) as dicts.
+        items = value.items() if isinstance(value, dict) else value
+        table = {}
+        for k, v in items:
+            key = str(k)
+            if len(key.encode("utf-8")) > 255:
+                raise ValueError(f"header key {_short(key)} is longer than 255 bytes")
+            table[key] = bytearray(v) if isinstance(v, bytes) else v  # pamqp encodes bytearray as a byte array ('x')
+        encode.field_table(table)  # raises here, naming nothing, rather than halfway through a header
+        return table
+    if len(value.encode("utf-8")) > 255:
+        raise ValueError(f"{len(value.encode('utf-8'))} bytes; AMQP short strings hold at most 255")
+    if column == "expiration" and not value.isdigit():
+        raise ValueError("must be a whole number of milliseconds, as a string (RabbitMQ refuses anything else)")
     return value
+
+
+def _culprit(row: dict[str, Any], err: BaseException) -> tuple[str, str]:
+    """Which column of a row that failed to encode is at fault, and why (each property alone)."""
+    for column, value in row.items():
+        try:
+            kwargs = {_PAMQP_NAMES.get(column, column): _property_value(column, value)}
+            header.ContentHeader(0, 0, commands.Basic.Properties(**kwargs)).marshal()
+        except (ValueError, TypeError, OverflowError, struct.error, decimal.InvalidOperation) as own:
+            return column, str(own) or type(own).__name__
+    return "headers" if "headers" in row else next(iter(row), "body"), str(err)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

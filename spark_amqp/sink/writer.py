@@ -8,6 +8,7 @@ carries the counts. ``commit``/``abort`` run on the driver and log per batch.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 import uuid
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamWriter, WriterCommitMessage
+from pyspark.sql.types import StructType
 
 from ..options import SinkOptions
 from .columns import MessageBuilder
@@ -46,15 +48,65 @@ def _publish_partition(options: SinkOptions, batches: Iterator[pa.RecordBatch]) 
     return AmqpCommitMessage(partition, result.published, result.confirmed)
 
 
-def _rows_to_batches(rows: Iterator[Any], chunk: int = 4096) -> Iterator[pa.RecordBatch]:
+_ARROW_TYPES = {
+    "binary": pa.binary(),
+    "string": pa.string(),
+    "boolean": pa.bool_(),
+    "byte": pa.int8(),
+    "short": pa.int16(),
+    "integer": pa.int32(),
+    "long": pa.int64(),
+    "float": pa.float32(),
+    "double": pa.float64(),
+    "timestamp": pa.timestamp("us", tz="UTC"),
+    "timestamp_ntz": pa.timestamp("us"),
+}
+
+
+def _arrow_type(spark_type: Any) -> pa.DataType:
+    name = spark_type.typeName()
+    if name == "map":
+        return pa.map_(_arrow_type(spark_type.keyType), _arrow_type(spark_type.valueType))
+    if name == "decimal":
+        return pa.decimal128(spark_type.precision, spark_type.scale)
+    return _ARROW_TYPES[name]
+
+
+def arrow_schema(schema: StructType) -> pa.Schema:
+    """The Arrow schema of the sink's input (``check_schema`` already limited it to these types)."""
+    return pa.schema([(f.name, _arrow_type(f.dataType)) for f in schema.fields])
+
+
+def _utc(value: Any) -> Any:
+    # Rows carry TIMESTAMP values as naive local times.
+    if isinstance(value, datetime.datetime) and value.tzinfo is None:
+        return value.astimezone(datetime.timezone.utc)
+    if isinstance(value, dict):
+        return {k: _utc(v) for k, v in value.items()}
+    return value
+
+
+def _rows_to_batches(rows: Iterator[Any], schema: pa.Schema, chunk: int = 4096) -> Iterator[pa.RecordBatch]:
+    """Rows (PySpark 4.0's streaming writer) to Arrow batches of the input's own schema.
+
+    The explicit schema matters: inferred from dicts, a ``headers`` map becomes
+    a struct whose fields are every key of every row, so one row's header keys
+    would appear (as nulls) on the next.
+    """
+    zoned = [f.name for f in schema if pa.types.is_timestamp(f.type) and f.type.tz] + [
+        f.name for f in schema if pa.types.is_map(f.type) and pa.types.is_timestamp(f.type.item_type)
+    ]
     buffer: list[dict[str, Any]] = []
     for row in rows:
-        buffer.append(row.asDict())
+        record = row.asDict()
+        for name in zoned:
+            record[name] = _utc(record[name])
+        buffer.append(record)
         if len(buffer) >= chunk:
-            yield pa.RecordBatch.from_pylist(buffer)
+            yield pa.RecordBatch.from_pylist(buffer, schema=schema)
             buffer = []
     if buffer:
-        yield pa.RecordBatch.from_pylist(buffer)
+        yield pa.RecordBatch.from_pylist(buffer, schema=schema)
 
 
 def _log_commit(messages: list[Any], batch_id: int | None) -> None:
@@ -98,11 +150,12 @@ class AmqpBatchWriter(DataSourceArrowWriter):
 
 
 class AmqpStreamWriter(_StreamBase):
-    def __init__(self, options: SinkOptions) -> None:
+    def __init__(self, options: SinkOptions, schema: StructType) -> None:
         self.options = options
+        self.schema = schema
 
     def write(self, iterator: Iterator[Any]) -> AmqpCommitMessage:
-        batches = iterator if STREAM_ARROW else _rows_to_batches(iterator)
+        batches = iterator if STREAM_ARROW else _rows_to_batches(iterator, arrow_schema(self.schema))
         return _publish_partition(self.options, batches)
 
     def commit(self, messages: list[Any], batchId: int) -> None:

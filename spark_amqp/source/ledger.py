@@ -155,7 +155,13 @@ class RedeliveryFilter:
         if passing:
             self._pass[key] = passing - 1
             return None
-        owner = owners.popleft()
+        # Credit the copy to the newest batch that holds this fingerprint: the
+        # copy may be that batch's own message, and acking it with an older,
+        # committed batch would ack it before its batch commits. Acking later
+        # is always safe.
+        newest = max(range(len(owners)), key=owners.__getitem__)
+        owner = owners[newest]
+        del owners[newest]
         self._per_owner[owner] -= 1
         if not owners:
             self._forget(key)

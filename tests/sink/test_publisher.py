@@ -112,10 +112,15 @@ def test_window_limits_outstanding_confirms(embedded: EmbeddedBroker) -> None:
 @pytest.mark.parametrize(
     ("table", "fragment"),
     [
-        ({"body": [b"ok", None]}, "column 'body' is null in row 1"),
-        ({"body": [b"x"], "routing_key": ["k" * 256]}, "column 'routing_key' in row 0 is 256 bytes"),
-        ({"body": [b"x" * 11]}, "larger than the broker accepts (maxMessageSize 10)"),
-        ({"body": [b"x"], "delivery_mode": [7]}, "invalid message properties"),
+        ({"body": [b"ok", None]}, "column 'body', row 1 of this partition (null): every message needs a body"),
+        ({"body": [b"x"], "routing_key": ["k" * 256]}, "column 'routing_key', row 0 of this partition (str 'kkk"),
+        ({"body": [b"x" * 11]}, "column 'body', row 0 of this partition (bytes): 11 bytes is larger than the broker accepts"),
+        ({"body": [b"x", b"y"], "delivery_mode": [2, 7]}, "column 'delivery_mode', row 1 of this partition (int 7): must be 1"),
+        ({"body": [b"x"], "priority": [300]}, "column 'priority', row 0 of this partition (int 300): must be between 0 and 255"),
+        ({"body": [b"x"], "message_id": ["m" * 256]}, "column 'message_id', row 0 of this partition (str"),
+        ({"body": [b"x"], "expiration": ["1 hour"]}, "column 'expiration', row 0 of this partition (str '1 hour'): must be a whole number"),
+        ({"body": [b"x"], "timestamp": [-5]}, "column 'timestamp', row 0 of this partition (int -5): must be between 1970-01-01"),
+        ({"body": [b"x"], "headers": [[("k" * 300, "v")]]}, "column 'headers', row 0 of this partition (list"),
     ],
 )
 def test_bad_values_fail_before_publishing_the_batch(embedded: EmbeddedBroker, table: dict, fragment: str) -> None:  # type: ignore[type-arg]
@@ -124,6 +129,20 @@ def test_bad_values_fail_before_publishing_the_batch(embedded: EmbeddedBroker, t
         _publish(embedded.url, table, routingKey="q", maxMessageSize="10")
     assert fragment in str(info.value)
     assert embedded.queue_stats("q")["ready"] == 0
+
+
+def test_a_bad_value_in_a_later_batch_names_its_row_in_the_partition(embedded: EmbeddedBroker) -> None:
+    _declare(embedded.url, "q")
+    opts = parse_sink_options({"uri": embedded.url, "routingKey": "q"})
+    builder = MessageBuilder(opts)
+    first = pa.RecordBatch.from_pydict({"body": [b"a", b"b", b"c"], "priority": [1, 2, 3]})
+    second = pa.RecordBatch.from_pydict({"body": [b"d", b"e", b"f"], "priority": [4, 5, 999]})
+    with pytest.raises(AmqpOptionError) as info:
+        asyncio.run(PartitionPublisher(opts).publish([builder.messages(first), builder.messages(second)], "test"))
+    message = str(info.value)
+    assert "column 'priority', row 5 of this partition (int 999)" in message
+    assert "nothing of its batch was published, the 3 row(s) before that batch were" in message
+    assert embedded.queue_stats("q")["ready"] == 3  # the first batch, confirmed; none of the second
 
 
 def test_sink_option_errors() -> None:

@@ -132,3 +132,22 @@ def test_available_now_waits_for_data_instead_of_ending_the_run() -> None:
     end = runtime.latest_offset(None, None)
     assert end["queues"]["q"]["tag"] == 2
     assert runtime.latest_offset(end, None) == end  # target reached: now the run may end
+
+
+def test_a_shared_id_is_credited_to_the_newest_batch_so_it_is_not_acked_before_that_batch_commits() -> None:
+    # Two messages with one id: one in committed batch 3 (ack sent, not yet proven),
+    # one in batch 5 (planned, not committed). The channel dies; the broker did
+    # process batch 3's ack, so the one copy that comes back is batch 5's message.
+    filt = RedeliveryFilter()
+    filt.session_lost([_entry(1, 3, message_id="dup"), _entry(2, 5, message_id="dup")], [])
+    owner = filt.match(_d(9, message_id="dup", redelivered=True, session="s.2"))
+    assert owner == 5
+    # On the new channel that copy is acked with its owner: not while only batch 3 is committed.
+    ledger = SessionLedger()
+    copy = Entry(1, _d(1, message_id="dup", redelivered=True, session="s.2"))
+    copy.owner = owner
+    ledger.add(copy)
+    assert ledger.advance(committed=3) is None
+    assert ledger.advance(committed=5) == 1
+    # The second copy (if batch 3's ack was lost after all) goes to batch 3.
+    assert filt.match(_d(10, message_id="dup", redelivered=True, session="s.2")) == 3
