@@ -25,6 +25,7 @@ __all__ = [
     "AmqpPublishError",
     "AmqpReplyError",
     "AmqpSourceError",
+    "CallbackFailed",
     "ConnectionLost",
     "DecodeError",
     "HandshakeFailed",
@@ -73,6 +74,10 @@ class ConnectionLost(AmqpProtocolError):
 
 class HandshakeFailed(AmqpProtocolError):
     """The peer is not an AMQP 0-9-1 broker, or TLS failed (wrong port, untrusted certificate)."""
+
+
+class CallbackFailed(AmqpProtocolError):
+    """Code run on a frame from the broker (a delivery handler) raised: a bug, not a broker fault; ``__cause__`` has it."""
 
 
 class DecodeError(AmqpProtocolError):

@@ -203,6 +203,8 @@ class BrokerConnection(asyncio.Protocol):
             self._on_start_ok(method)
         elif isinstance(method, C.TuneOk) and self.state == "tune":
             self._on_tune_ok(method)
+        elif isinstance(method, C.Open) and self.state == "open" and self.server.faults.stall_open:
+            pass  # fault injection: a broker that stops answering halfway through the handshake
         elif isinstance(method, C.Open) and self.state == "open":
             if method.virtual_host not in ("/", ""):
                 raise errors.NotAllowed(f"vhost {method.virtual_host} not found", 10, 40)

@@ -10,6 +10,7 @@ class Faults:
         self.nack_publishes = 0
         self.confirms_held = False
         self.refuse_until = 0.0
+        self.stall_open = False  # log clients in but never answer connection.open
 
     def take_publish_nack(self) -> bool:
         if self.nack_publishes > 0:

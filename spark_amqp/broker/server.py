@@ -271,6 +271,25 @@ class EmbeddedBroker:
 
         return self.call(apply)
 
+    def close_connections(self, reply_code: int, reply_text: str = "closed by fault injection", name_contains: str | None = None) -> int:
+        """Close client connections with ``connection.close`` and ``reply_code`` (320 as a broker shutting down does)."""
+
+        def apply(s: BrokerServer) -> int:
+            victims = [c for c in s.connections if name_contains is None or name_contains in c.client_name]
+            for conn in victims:
+                conn.close_with(errors.reply_error(reply_code, reply_text, on_connection=True))
+            return len(victims)
+
+        return self.call(apply)
+
+    def stall_opens(self, stalled: bool = True) -> None:
+        """Log new clients in but never answer their ``connection.open`` (a broker hanging mid-handshake)."""
+
+        def apply(s: BrokerServer) -> None:
+            s.faults.stall_open = stalled
+
+        self.call(apply)
+
     def refuse_connections(self, seconds: float) -> None:
         """New connections are accepted and closed at once for ``seconds``."""
 

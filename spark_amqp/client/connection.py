@@ -18,7 +18,7 @@ from typing import Any
 from pamqp import commands
 
 from .. import framing
-from ..errors import AmqpOptionError, AmqpProtocolError, ConnectionLost, DecodeError, HandshakeFailed, reply_error
+from ..errors import AmqpOptionError, AmqpProtocolError, CallbackFailed, ConnectionLost, DecodeError, HandshakeFailed, reply_error
 from ..options import ConnectionOptions
 from .channel import ClientChannel
 
@@ -154,6 +154,10 @@ class AmqpClient(asyncio.Protocol):
                     ch.on_body(payload)
         except DecodeError as err:
             self._lost(DecodeError(f"undecodable frame from the broker: {err}"))
+        except Exception as err:  # asyncio would log it and drop the socket: the caller must see it instead
+            failure = CallbackFailed(f"processing a frame from the broker failed: {type(err).__name__}: {err}")
+            failure.__cause__ = err
+            self.abort(failure)
         finally:
             del buf[:offset]
 
