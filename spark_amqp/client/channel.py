@@ -42,6 +42,7 @@ class ClientChannel:
         self._returning: tuple[int, str, str, str] | None = None
         self._rpc: asyncio.Future[Any] | None = None
         self._rpc_lock = asyncio.Lock()
+        self._closing = False
         # a delivery being assembled
         self._pending: tuple[int, bool, str, str] | None = None
         self._props: LazyProperties | None = None
@@ -51,13 +52,15 @@ class ClientChannel:
 
     @property
     def is_open(self) -> bool:
-        return not self.closed.done()
+        # Once we sent channel.close, nothing more may go out on this channel:
+        # the broker answers a frame after it with a 504 connection error.
+        return not self._closing and not self.closed.done()
 
     async def rpc(self, method: Any, timeout: float | None = None) -> Any:
         """Send a synchronous method and wait for its reply, at most ``timeout`` (default: connectionTimeout)."""
         limit = self.client.options.connection_timeout if timeout is None else timeout
         async with self._rpc_lock:
-            if self.closed.done():
+            if self.closed.done() or (self._closing and not isinstance(method, commands.Channel.Close)):
                 raise self._closed_error()
             future: asyncio.Future[Any] = self.client.loop.create_future()
             self._rpc = future
@@ -88,6 +91,7 @@ class ClientChannel:
 
     async def close(self) -> None:
         if self.is_open:
+            self._closing = True
             try:
                 await self.rpc(framing.build(commands.Channel.Close, reply_code=200, reply_text="bye"), timeout=5)
             except AmqpProtocolError:

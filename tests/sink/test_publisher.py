@@ -70,9 +70,29 @@ def test_unroutable_with_mandatory_fails_without_mandatory_is_dropped(amqp_url: 
     assert (result.published, result.confirmed) == (1, 1)
 
 
-def test_missing_exchange_closes_the_channel_and_fails(amqp_url: str) -> None:
-    with pytest.raises(AmqpPublishError, match=r"404 NOT_FOUND"):
+def test_missing_exchange_closes_the_channel_and_fails_as_not_transient(amqp_url: str) -> None:
+    with pytest.raises(AmqpPublishError, match=r"404 NOT_FOUND") as info:
         _publish(amqp_url, {"body": [b"x"] * 5}, exchange="test.no.such.exchange", routingKey="k")
+    assert "this is not transient" in str(info.value) and "Spark retries it" not in str(info.value)
+
+
+def test_wrong_password_and_missing_vhost_fail_at_once_and_say_so(amqp_url: str) -> None:
+    import time
+
+    began = time.monotonic()
+    with pytest.raises(AmqpPublishError) as info:
+        _publish(amqp_url.replace("guest:guest@", "guest:not-the-password@"), {"body": [b"x"]}, connectionTimeout="30")
+    assert "refused the login of user 'guest'" in str(info.value) and "not-the-password" not in str(info.value)
+    with pytest.raises(AmqpPublishError, match=r"vhost 'nope' does not exist .*530 NOT_ALLOWED.*not transient"):
+        _publish(amqp_url.replace("/%2F", "/nope"), {"body": [b"x"]}, connectionTimeout="30")
+    assert time.monotonic() - began < 10
+
+
+def test_inequivalent_declare_queue_is_refused_before_publishing(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
+    q = names.queue()
+    _declare(amqp_url, q, durable=False)
+    with pytest.raises(AmqpPublishError, match=rf"queue '{q}'.*406 PRECONDITION_FAILED.*not transient"):
+        _publish(amqp_url, {"body": [b"x"]}, routingKey=q, declareQueue=q)
 
 
 def test_injected_nacks(embedded: EmbeddedBroker) -> None:

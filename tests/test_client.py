@@ -1,0 +1,124 @@
+"""The client's connection set-up: every failure is one named exception, within the timeout, with nothing left open."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import ssl
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from spark_amqp.client import AmqpClient
+from spark_amqp.errors import AmqpOptionError, ConnectionLost, HandshakeFailed, is_transient
+from spark_amqp.options import parse_source_options
+
+
+def _options(uri: str, **extra: str):  # type: ignore[no-untyped-def]
+    return parse_source_options({"uri": uri, "queue": "q", **extra}).connection
+
+
+class SilentServer:
+    """Accepts TCP connections and never answers; records when each client closes its socket."""
+
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.tls = tls
+        self.closed_by_client = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        conn, _ = self.sock.accept()
+        if self.tls is not None:
+            try:
+                conn = self.tls.wrap_socket(conn, server_side=True)
+            except (ssl.SSLError, OSError):
+                return
+        conn.settimeout(30)
+        try:
+            while conn.recv(1024):
+                pass
+            self.closed_by_client.set()  # EOF: the client closed its end
+        except OSError:
+            self.closed_by_client.set()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_silent_broker_times_out_and_the_socket_is_closed() -> None:
+    server = SilentServer()
+    try:
+        began = time.monotonic()
+        with pytest.raises(ConnectionLost, match=r"no answer from 127.0.0.1:\d+ within connectionTimeout=0.5s") as info:
+            asyncio.run(AmqpClient.connect(_options(f"amqp://u@127.0.0.1:{server.port}/", connectionTimeout="0.5"), "test"))
+        assert time.monotonic() - began < 5 and is_transient(info.value)
+        assert server.closed_by_client.wait(5), "the timed-out connection's socket was left open"
+    finally:
+        server.close()
+
+
+def test_connection_refused_is_transient() -> None:
+    probe = socket.create_server(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    with pytest.raises(ConnectionLost, match="cannot connect") as info:
+        asyncio.run(AmqpClient.connect(_options(f"amqp://u@127.0.0.1:{port}/", connectionTimeout="5"), "test"))
+    assert is_transient(info.value)
+
+
+@pytest.fixture(scope="module")
+def self_signed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    d = tmp_path_factory.mktemp("tls")
+    cert, key = d / "cert.pem", d / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=not-this-host",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    yield cert, key
+
+
+def test_an_untrusted_certificate_is_a_permanent_handshake_failure(self_signed: tuple[Path, Path]) -> None:
+    cert, key = self_signed
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert, key)
+    server = SilentServer(tls)
+    try:
+        began = time.monotonic()
+        with pytest.raises(HandshakeFailed, match=r"TLS: the certificate of 127.0.0.1:\d+ failed verification") as info:
+            asyncio.run(AmqpClient.connect(_options(f"amqps://u@127.0.0.1:{server.port}/", connectionTimeout="30"), "test"))
+        assert time.monotonic() - began < 10 and not is_transient(info.value)
+    finally:
+        server.close()
+
+
+def test_a_ca_file_that_is_not_a_certificate_names_the_option(tmp_path: Path) -> None:
+    bogus = tmp_path / "ca.pem"
+    bogus.write_text("this is not PEM")
+    with pytest.raises(AmqpOptionError, match=r"option 'tls.caFile' \(.*ca.pem\): cannot load CA certificates"):
+        asyncio.run(AmqpClient.connect(_options("amqps://u@127.0.0.1:1/", **{"tls.caFile": str(bogus)}), "test"))
