@@ -73,7 +73,7 @@ class AmqpStreamReader(DataSourceStreamReader, *_AVAILABLE_NOW_BASES):  # type: 
         return ReadMaxRows(self.options.max_messages_per_trigger)
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
-        return None
+        return self.runtime.backlog()
 
     def prepareForTriggerAvailableNow(self) -> None:
         self.runtime.prepare_available_now()

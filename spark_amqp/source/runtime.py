@@ -36,6 +36,7 @@ log = logging.getLogger("spark_amqp.source")
 RUNNER_MODULE = "pyspark.sql.streaming.python_streaming_source_runner"
 AUTO_PARTITION_ROWS = 25_000
 IDLE_RECHECK_SECONDS = 0.5
+BACKLOG_INTERVAL = 1.0  # at most one round of passive declares a second for the progress report
 
 
 @dataclass
@@ -73,6 +74,8 @@ class SourceRuntime:
         self.metrics = SourceMetrics()
         self.available_now: dict[str, int] | None = None
         self._idle_since: float | None = None
+        self._backlog: dict[str, Any] | None = None
+        self._backlog_at = -BACKLOG_INTERVAL
         self._terminating = False
 
     # -- lifecycle --------------------------------------------------------------
@@ -182,6 +185,28 @@ class SourceRuntime:
             self.available_now = {q: depths[q] + buffered[q] for q in self.options.queues}
             session.resume()
         log.info("AMQP source: AvailableNow run will read %s", self.available_now)
+
+    def backlog(self) -> dict[str, Any] | None:
+        """Per queue, messages ready on the broker and delivered here but not yet in a batch.
+
+        What Spark 4.2+ shows as the source's ``latestOffset`` in the query's
+        progress. Cached for ``BACKLOG_INTERVAL``; a failed measurement keeps
+        the last value rather than failing the query (the consumer reports
+        real failures).
+        """
+        session = self.session
+        now = time.monotonic()
+        if session is None or now - self._backlog_at < BACKLOG_INTERVAL:
+            return self._backlog
+        self._backlog_at = now
+        try:
+            ready = session.ready_counts(timeout=min(2.0, self.options.connection.connection_timeout))
+        except AmqpSourceError as err:
+            log.debug("AMQP source: backlog not measured: %s", err)
+            return self._backlog
+        prefetched = Counter(e.delivery.queue for e in self.buffer)
+        self._backlog = {q: {"ready": ready[q], "prefetched": prefetched[q]} for q in self.options.queues}
+        return self._backlog
 
     # -- internals -------------------------------------------------------------------
 

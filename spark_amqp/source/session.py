@@ -14,7 +14,6 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple, TypeVar
@@ -22,9 +21,10 @@ from typing import Any, NamedTuple, TypeVar
 from pamqp import commands
 
 from .. import framing
-from ..client import AmqpClient, ClientChannel, LazyProperties
-from ..errors import AccessRefused, AmqpProtocolError, AmqpReplyError, AmqpSourceError, ResourceLocked, explain, is_transient
+from ..client import AmqpClient, ClientChannel, LazyProperties, queue_depths
+from ..errors import AmqpProtocolError, AmqpReplyError, AmqpSourceError, explain, is_transient
 from ..options import SourceOptions
+from .channel_policy import ChannelPolicy
 
 log = logging.getLogger("spark_amqp.source")
 T = TypeVar("T")
@@ -84,8 +84,7 @@ class ConsumerSession:
         self._client: AmqpClient | None = None
         self._consumers: dict[str, _Consumer] = {}  # session id -> consumer
         self._consuming: set[str] = set()
-        self._subscribed_once: set[str] = set()
-        self._exclusive_refused_since: dict[str, float] = {}
+        self._policy = ChannelPolicy(options)
         self._last_error = ""
         self._main: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Future[None]] = set()
@@ -126,6 +125,10 @@ class ConsumerSession:
 
     def resume(self, timeout: float = 10.0) -> None:
         self._call(self._consume_all, timeout)
+
+    def ready_counts(self, timeout: float) -> dict[str, int]:
+        """Messages ready on the broker per queue: passive declares on the consumer's own connection."""
+        return self._call(self._ready_counts, timeout)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Close channels cleanly so unacked deliveries go back to their queues at once."""
@@ -285,65 +288,17 @@ class ConsumerSession:
             framing.build(commands.Basic.Consume, queue=consumer.queue, exclusive=self.options.exclusive_consumer)
         )
         consumer.tag = ok.consumer_tag
-        self._subscribed_once.add(consumer.queue)
-        self._exclusive_refused_since.pop(consumer.queue, None)
+        self._policy.subscribed(consumer.queue)
 
     def _on_channel_error(self, queue: str, reason: AmqpReplyError) -> bool:
-        """Log a channel closed by the broker; True when it is fatal for the query."""
-        if self._exclusive_conflict(reason):
-            if self._exclusive_conflict_is_transient(queue):
-                return False
-            c = self.options.connection
-            return self._fail(
-                f"queue '{queue}' on {c.display_uri} already has an exclusive consumer ({reason}). Exactly-once "
-                "(journalLocation) needs one streaming query per queue; stop the other query, or set "
-                "exclusiveConsumer=false if you accept duplicates"
-            )
-        if not reason.transient:
-            return self._fail(
-                explain(
-                    reason,
-                    self.options.connection.display_uri,
-                    self.options.connection.username,
-                    self.options.connection.vhost,
-                    f"queue '{queue}'",
-                ),
-                reason,
-            )
-        if reason.code == 406:  # transient 406: a close no method caused, which is RabbitMQ's consumer_timeout
-            log.warning(
-                "AMQP source: RabbitMQ's consumer_timeout closed the channel of queue '%s' (%s). Deliveries stay "
-                "unacknowledged until the batch holding them is committed; a trigger interval or batch duration "
-                "longer than consumer_timeout causes this. Nothing is lost (they are redelivered and recognised), "
-                "but raise consumer_timeout or shorten the trigger interval.",
-                queue,
-                reason.text,
-            )
-        else:
-            log.warning("AMQP source: channel for queue '%s' closed (%s); reopening", queue, reason)
-        return False
-
-    def _exclusive_conflict(self, reason: AmqpReplyError) -> bool:
-        """Our exclusive basic.consume refused because another consumer holds the queue."""
-        return self.options.exclusive_consumer and isinstance(reason, AccessRefused | ResourceLocked) and reason.method == "Basic.Consume"
-
-    def _fail(self, message: str, cause: BaseException | None = None) -> bool:
+        """True when the channel's close is fatal for the query (then the query fails with why)."""
+        message = self._policy.failure(queue, reason)
+        if message is None:
+            return False
         self.fatal = AmqpSourceError(message)
-        self.fatal.__cause__ = cause
+        self.fatal.__cause__ = reason
         if self._client is not None:
             self._background(self._client.close())
-        return True
-
-    def _exclusive_conflict_is_transient(self, queue: str) -> bool:
-        """After a reconnect, the broker may still hold our previous consumer until it notices the old connection is dead."""
-        if queue not in self._subscribed_once:
-            return False
-        now = time.monotonic()
-        since = self._exclusive_refused_since.setdefault(queue, now)
-        grace = 2 * (self.options.connection.heartbeat or 60) + 5
-        if now - since > grace:
-            return False
-        log.warning("AMQP source: queue '%s' still has an exclusive consumer (probably our previous connection); retrying", queue)
         return True
 
     def _session_lost(self, consumer: _Consumer, reason: str) -> None:
@@ -370,6 +325,12 @@ class ConsumerSession:
         except AmqpProtocolError:
             return  # the channel is gone: its deliveries come back, and the ledger knows the ack is unproven
         self.inbox.append(AckConfirmed(consumer.session, tag))
+
+    async def _ready_counts(self) -> dict[str, int]:
+        client = self._client
+        if client is None or client.closed.done():
+            raise AmqpSourceError(f"not connected to {self.options.connection.display_uri} (reconnecting)")
+        return await queue_depths(client, self.options.queues)
 
     async def _cancel_all(self) -> None:
         for consumer in list(self._consumers.values()):

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import datetime
 import glob
+import json
 import threading
 import time
 
 import pika
+import pyspark
 import pytest
 
 from spark_amqp.broker import EmbeddedBroker
@@ -17,6 +19,7 @@ from ..broker.helpers import wait_for
 from ..brokers import counts, publish
 
 pytestmark = pytest.mark.spark
+PYSPARK_REPORTS_BACKLOG = tuple(int(p) for p in pyspark.__version__.split(".")[:2]) >= (4, 2)
 
 
 def _stream(spark, url: str, queue: str, **options: object):  # type: ignore[no-untyped-def]
@@ -126,12 +129,24 @@ def test_failed_batch_is_not_acked_and_arrives_after_restart(spark, amqp_url: st
         query.stop()
 
 
-def test_idle_stream_acks_its_last_batch_while_running(spark, amqp_url: str, names, embedded_or_none, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def _backlogs(query, queue: str) -> list[int]:  # type: ignore[no-untyped-def]
+    """The source's reported backlog (ready + prefetched) in each progress event that has one."""
+    out = []
+    for progress in query.recentProgress:
+        latest = progress.sources[0].latestOffset if progress.sources else None
+        if latest:
+            entry = json.loads(latest)[queue]
+            out.append(entry["ready"] + entry["prefetched"])
+    return out
+
+
+def test_idle_stream_acks_its_last_batch_and_reports_its_backlog(spark, amqp_url: str, names, embedded_or_none, tmp_path) -> None:  # type: ignore[no-untyped-def]
     q = names.queue()
     publish(amqp_url, q, [b"m%d" % i for i in range(40)], message_id=lambda i: f"id{i}")
     out = tmp_path / "out"
+    spark.conf.set("spark.sql.streaming.noDataProgressEventInterval", "200ms")
     query = (
-        _stream(spark, amqp_url, q)
+        _stream(spark, amqp_url, q, maxMessagesPerTrigger=10)
         .writeStream.format("parquet")
         .option("path", str(out))
         .option("checkpointLocation", str(tmp_path / "c"))
@@ -143,7 +158,11 @@ def test_idle_stream_acks_its_last_batch_while_running(spark, amqp_url: str, nam
         assert wait_for(lambda: counts(amqp_url, q, embedded_or_none) == (0, 0), timeout=15)
         assert query.isActive
         assert len(_rows(spark, out)) == 40
+        if PYSPARK_REPORTS_BACKLOG:  # Spark 4.2+ shows reportLatestOffset() in the progress
+            assert wait_for(lambda: _backlogs(query, q)[-1:] == [0], timeout=30, interval=0.2)
+            assert max(_backlogs(query, q)) > 0  # reported while the queue drained, then 0
     finally:
+        spark.conf.unset("spark.sql.streaming.noDataProgressEventInterval")
         query.stop()
 
 

@@ -1,0 +1,70 @@
+"""``ChannelPolicy``: what a consumer channel closed by the broker means for the query.
+
+Reopen it (transient: RabbitMQ's consumer_timeout, a reply code
+``errors.is_transient`` calls transient, an exclusive-consumer conflict just
+after our own reconnect) or fail the query with a message that says why and
+how to fix it. Pure apart from the clock and the log, so it is tested on its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ..errors import AccessRefused, AmqpReplyError, ResourceLocked, explain
+from ..options import SourceOptions
+
+log = logging.getLogger("spark_amqp.source")
+
+
+class ChannelPolicy:
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self._subscribed_once: set[str] = set()
+        self._exclusive_refused_since: dict[str, float] = {}
+
+    def subscribed(self, queue: str) -> None:
+        self._subscribed_once.add(queue)
+        self._exclusive_refused_since.pop(queue, None)
+
+    def failure(self, queue: str, reason: AmqpReplyError) -> str | None:
+        """Why the query must fail, or None when the channel is to be reopened (logged here)."""
+        c = self.options.connection
+        if self._exclusive_conflict(reason):
+            if self._exclusive_conflict_is_transient(queue):
+                return None
+            return (
+                f"queue '{queue}' on {c.display_uri} already has an exclusive consumer ({reason}). Exactly-once "
+                "(journalLocation) needs one streaming query per queue; stop the other query, or set "
+                "exclusiveConsumer=false if you accept duplicates"
+            )
+        if not reason.transient:
+            return explain(reason, c.display_uri, c.username, c.vhost, f"queue '{queue}'")
+        if reason.code == 406:  # transient 406: a close no method caused, which is RabbitMQ's consumer_timeout
+            log.warning(
+                "AMQP source: RabbitMQ's consumer_timeout closed the channel of queue '%s' (%s). Deliveries stay "
+                "unacknowledged until the batch holding them is committed; a trigger interval or batch duration "
+                "longer than consumer_timeout causes this. Nothing is lost (they are redelivered and recognised), "
+                "but raise consumer_timeout or shorten the trigger interval.",
+                queue,
+                reason.text,
+            )
+        else:
+            log.warning("AMQP source: channel for queue '%s' closed (%s); reopening", queue, reason)
+        return None
+
+    def _exclusive_conflict(self, reason: AmqpReplyError) -> bool:
+        """Our exclusive basic.consume refused because another consumer holds the queue."""
+        return self.options.exclusive_consumer and isinstance(reason, AccessRefused | ResourceLocked) and reason.method == "Basic.Consume"
+
+    def _exclusive_conflict_is_transient(self, queue: str) -> bool:
+        """After a reconnect, the broker may still hold our previous consumer until it notices the old connection is dead."""
+        if queue not in self._subscribed_once:
+            return False
+        now = time.monotonic()
+        since = self._exclusive_refused_since.setdefault(queue, now)
+        grace = 2 * (self.options.connection.heartbeat or 60) + 5
+        if now - since > grace:
+            return False
+        log.warning("AMQP source: queue '%s' still has an exclusive consumer (probably our previous connection); retrying", queue)
+        return True
