@@ -9,15 +9,13 @@ is shown to a person uses ``ConnectionOptions.display_uri``.
 
 from __future__ import annotations
 
-import json
-import math
-import os
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import AmqpOptionError
+from .option_reader import OptionReader, redact_uri, split_uri
 
 __all__ = [
     "ConnectionOptions",
@@ -84,7 +82,7 @@ class JournalOptions:
 
     @property
     def display_location(self) -> str:
-        return _redact_uri(self.location)
+        return redact_uri(self.location)
 
 
 @dataclass(frozen=True)
@@ -167,106 +165,12 @@ SINK_KEYS = CONNECTION_KEYS | {
         "bindingKey",
     )
 }
-# Keys Spark itself adds to a data source's options.
-SPARK_KEYS = frozenset({"path", "checkpointlocation"})
 
 
-class _Reader:
-    """Typed access to a case-insensitive option map, with errors that name the option."""
-
-    def __init__(self, options: Mapping[str, str], known: dict[str, str]) -> None:
-        self.known = known
-        self.values: dict[str, str] = {}
-        for key, value in options.items():
-            lower = key.lower()
-            if lower in SPARK_KEYS:
-                continue
-            if lower not in known:
-                valid = ", ".join(sorted(known.values(), key=str.lower))
-                raise AmqpOptionError(f"unknown option '{key}'; valid options are: {valid}")
-            self.values[lower] = value
-
-    def name(self, key: str) -> str:
-        return self.known[key.lower()]
-
-    def text(self, key: str, default: str | None = None) -> str | None:
-        value = self.values.get(key.lower())
-        if value is None:
-            return default
-        return str(value)
-
-    def required(self, key: str, hint: str) -> str:
-        value = self.text(key)
-        if value is None or value.strip() == "":
-            raise AmqpOptionError(f"option '{self.name(key)}' is required: {hint}")
-        return value
-
-    def integer(self, key: str, default: int | None, low: int, high: int | None = None) -> int | None:
-        raw = self.text(key)
-        if raw is None:
-            return default
-        try:
-            value = int(raw.strip())
-        except ValueError:
-            raise AmqpOptionError(f"option '{self.name(key)}' must be a whole number, got {raw!r}") from None
-        if value < low or (high is not None and value > high):
-            bounds = f"between {low} and {high}" if high is not None else f"at least {low}"
-            raise AmqpOptionError(f"option '{self.name(key)}' must be {bounds}, got {value}")
-        return value
-
-    def number(self, key: str, default: float, low: float, high: float) -> float:
-        """A finite number of seconds in [low, high]: inf or nan would make a wait endless or never end."""
-        raw = self.text(key)
-        if raw is None:
-            return default
-        try:
-            value = float(raw.strip())
-        except ValueError:
-            raise AmqpOptionError(f"option '{self.name(key)}' must be a number, got {raw!r}") from None
-        if not (math.isfinite(value) and low <= value <= high):
-            raise AmqpOptionError(
-                f"option '{self.name(key)}' must be a number of seconds between {low:g} and {high:g}, got {raw.strip()!r}"
-            )
-        return value
-
-    def readable_file(self, key: str) -> str | None:
-        path = self.text(key)
-        if path is None:
-            return None
-        if not os.path.isfile(path):
-            raise AmqpOptionError(f"option '{self.name(key)}': no such file: {path}")
-        if not os.access(path, os.R_OK):
-            raise AmqpOptionError(f"option '{self.name(key)}': file not readable by this process: {path}")
-        return path
-
-    def boolean(self, key: str, default: bool) -> bool:
-        raw = self.text(key)
-        if raw is None:
-            return default
-        lowered = raw.strip().lower()
-        if lowered in ("true", "1", "yes"):
-            return True
-        if lowered in ("false", "0", "no"):
-            return False
-        raise AmqpOptionError(f"option '{self.name(key)}' must be true or false, got {raw!r}")
-
-    def json_object(self, key: str) -> dict[str, Any]:
-        raw = self.text(key)
-        if raw is None:
-            return {}
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError as err:
-            raise AmqpOptionError(f"option '{self.name(key)}' must be a JSON object: {err.msg} at position {err.pos}") from None
-        if not isinstance(value, dict):
-            raise AmqpOptionError(f"option '{self.name(key)}' must be a JSON object, got {type(value).__name__}")
-        return value
-
-
-def _parse_connection(r: _Reader) -> ConnectionOptions:
+def _parse_connection(r: OptionReader) -> ConnectionOptions:
     uri = r.required("uri", "the broker address, e.g. amqp://user@host:5672/vhost (put the password in option 'password')").strip()
-    scheme, userinfo, address = _split_uri(uri)
-    shown = _redact_uri(uri)
+    scheme, userinfo, address = split_uri(uri)
+    shown = redact_uri(uri)
     if scheme not in ("amqp", "amqps"):
         raise AmqpOptionError(f"option 'uri' must start with amqp:// or amqps://, got {shown}")
     try:
@@ -314,29 +218,8 @@ def _parse_connection(r: _Reader) -> ConnectionOptions:
     )
 
 
-def _split_uri(uri: str) -> tuple[str, str | None, str]:
-    """(scheme, userinfo or None, the rest). Userinfo runs to the last '@', so that an unencoded '#', '?' or '/'
-    in a password neither ends it nor shows up in an error as part of the host or path."""
-    scheme, sep, rest = uri.partition("://")
-    if not sep:
-        return "", None, uri
-    userinfo, at, address = rest.rpartition("@")
-    if not at or "/" in userinfo.partition(":")[0]:
-        return scheme.lower(), None, rest  # no '@', or it belongs to the path: no credentials here
-    return scheme.lower(), userinfo, address
-
-
-def _redact_uri(uri: str) -> str:
-    """A uri as typed by the user, minus any password, for error messages."""
-    scheme, userinfo, address = _split_uri(uri)
-    if userinfo is None:
-        return uri if scheme else "<not a uri>"
-    user, has_password, _ = userinfo.partition(":")
-    return f"{scheme}://{user}{':***' if has_password else ''}@{address}"
-
-
 def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
-    r = _Reader(options, SOURCE_KEYS)
+    r = OptionReader(options, SOURCE_KEYS)
     connection = _parse_connection(r)
     raw_queues = r.required("queue", "one queue name, or several separated by commas")
     queues = tuple(q.strip() for q in raw_queues.split(","))
@@ -401,7 +284,7 @@ EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
 
 
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
-    r = _Reader(options, SINK_KEYS)
+    r = OptionReader(options, SINK_KEYS)
     connection = _parse_connection(r)
     exchange = r.text("exchange", "") or ""
     routing_key = r.text("routingKey")
