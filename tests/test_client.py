@@ -122,3 +122,61 @@ def test_a_ca_file_that_is_not_a_certificate_names_the_option(tmp_path: Path) ->
     bogus.write_text("this is not PEM")
     with pytest.raises(AmqpOptionError, match=r"option 'tls.caFile' \(.*ca.pem\): cannot load CA certificates"):
         asyncio.run(AmqpClient.connect(_options("amqps://u@127.0.0.1:1/", **{"tls.caFile": str(bogus)}), "test"))
+
+
+def _silent_after_handshake(heartbeat: int) -> tuple[socket.socket, threading.Event]:
+    """A fake broker: logs the client in with ``heartbeat``, then never sends another byte."""
+    from pamqp import commands, frame
+
+    server = socket.create_server(("127.0.0.1", 0))
+    closed = threading.Event()
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        conn.recv(8)  # protocol header
+
+        def send(method: object) -> None:
+            conn.sendall(frame.marshal(method, 0))  # type: ignore[arg-type]
+
+        def read_methods(count: int) -> None:
+            buf = b""
+            while count:
+                buf += conn.recv(65536)
+                while True:
+                    try:
+                        used, _, _ = frame.unmarshal(buf)
+                    except Exception:  # incomplete frame: read more
+                        break
+                    buf, count = buf[used:], count - 1
+
+        send(commands.Connection.Start(server_properties={}, mechanisms="PLAIN", locales="en_US"))
+        read_methods(1)
+        send(commands.Connection.Tune(channel_max=2047, frame_max=131072, heartbeat=heartbeat))
+        read_methods(2)  # tune-ok, open
+        send(commands.Connection.OpenOk())
+        conn.settimeout(30)
+        try:
+            while conn.recv(1024):  # the client's heartbeats, until it gives up
+                pass
+        except OSError:
+            pass
+        closed.set()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server, closed
+
+
+def test_a_broker_that_stops_sending_heartbeats_is_dropped_as_transient() -> None:
+    server, closed = _silent_after_handshake(heartbeat=1)
+    port = server.getsockname()[1]
+
+    async def run() -> BaseException:
+        client = await AmqpClient.connect(_options(f"amqp://u@127.0.0.1:{port}/", heartbeat="1"), "test")
+        return await asyncio.wait_for(client.closed, 10)
+
+    try:
+        reason = asyncio.run(run())
+        assert isinstance(reason, ConnectionLost) and "missed heartbeats" in str(reason) and is_transient(reason)
+        assert closed.wait(5)
+    finally:
+        server.close()
