@@ -6,7 +6,8 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, DataSourc
 from pyspark.sql.types import StructType
 
 from .options import SinkOptions, SourceOptions, parse_sink_options, parse_source_options
-from .source.arrow import SCHEMA_DDL
+from .source.arrow import SCHEMA_DDL, STREAM_SCHEMA_DDL
+from .stream_options import StreamSourceOptions, is_stream_mode, parse_stream_options
 
 __all__ = ["AmqpDataSource"]
 
@@ -17,6 +18,8 @@ class AmqpDataSource(DataSource):
     Name: ``amqp``. Schema (fixed): ``body`` binary, ``queue``, ``exchange``,
     ``routing_key``, ``delivery_tag``, ``redelivered``, the message properties
     under pika's names, ``timestamp`` and ``headers`` (map<string,string>).
+    In stream mode (option ``stream``), ``offset`` replaces ``delivery_tag`` and
+    ``redelivered``.
 
     Options: see the README's options table. Example::
 
@@ -33,8 +36,8 @@ class AmqpDataSource(DataSource):
 
     def schema(self) -> str:
         # Spark asks for the schema at load(): fail there, before anything connects.
-        self.source_options()
-        return SCHEMA_DDL
+        options = self.source_options()
+        return STREAM_SCHEMA_DDL if isinstance(options, StreamSourceOptions) else SCHEMA_DDL
 
     def sink_options(self, schema: StructType) -> SinkOptions:
         from .sink.columns import check_schema
@@ -53,10 +56,17 @@ class AmqpDataSource(DataSource):
 
         return AmqpStreamWriter(self.sink_options(schema), schema)
 
-    def source_options(self) -> SourceOptions:
+    def source_options(self) -> SourceOptions | StreamSourceOptions:
+        if is_stream_mode(self.options):
+            return parse_stream_options(self.options)
         return parse_source_options(self.options)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        options = self.source_options()
+        if isinstance(options, StreamSourceOptions):
+            from .stream.reader import StreamQueueReader
+
+            return StreamQueueReader(options)
         from .source.reader import AmqpStreamReader
 
-        return AmqpStreamReader(self.source_options())
+        return AmqpStreamReader(options)

@@ -282,6 +282,8 @@ def explain(err: BaseException, where: str, user: str, vhost: str, subject: str 
     if isinstance(err, NotAllowed):
         return f"{where}: vhost '{vhost}' does not exist or user '{user}' may not use it ({err}); check the vhost at the end of the uri ('%2F' for '/')"
     if isinstance(err, NotFound):
+        if subject.startswith("stream"):
+            return f"{about}: not found ({err}); declare it first as a stream queue (x-queue-type=stream)"
         return f"{about}: not found ({err}); create it first, or let the connector declare it (declareQueue / declareExchange)"
     if isinstance(err, PreconditionFailed) and err.method == "Queue.Declare":
         return f"{about}: the queue exists with other properties than those asked for ({err}); make queueDurable/queueArguments match the queue, or leave declareQueue off"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +16,9 @@ from .errors import AmqpOptionError
 
 __all__ = ["SPARK_KEYS", "OptionReader", "redact_uri", "split_uri"]
 
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h)?")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 # Keys Spark itself adds to a data source's options.
 SPARK_KEYS = frozenset({"path", "checkpointlocation"})
@@ -76,6 +80,19 @@ class OptionReader:
             raise AmqpOptionError(
                 f"option '{self.name(key)}' must be a number of seconds between {low:g} and {high:g}, got {raw.strip()!r}"
             )
+        return value
+
+    def duration(self, key: str, default: float, low: float, high: float) -> float:
+        """Seconds, from a number of seconds or a number with a unit: ``500ms``, ``30s``, ``15m``, ``1h``."""
+        raw = self.text(key)
+        if raw is None:
+            return default
+        match = _DURATION.fullmatch(raw.strip().lower())
+        if match is None:
+            raise AmqpOptionError(f"option '{self.name(key)}' must be a duration such as 30s, 15m or 1h, got {raw!r}")
+        value = float(match.group(1)) * _UNITS[match.group(2) or "s"]
+        if not (math.isfinite(value) and low <= value <= high):
+            raise AmqpOptionError(f"option '{self.name(key)}' must be between {low:g}s and {high:g}s, got {raw.strip()!r}")
         return value
 
     def readable_file(self, key: str) -> str | None:

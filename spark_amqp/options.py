@@ -24,6 +24,8 @@ __all__ = [
     "SinkOptions",
     "SourceOptions",
     "TlsOptions",
+    "TriggerOptions",
+    "parse_connection",
     "parse_sink_options",
     "parse_source_options",
 ]
@@ -38,6 +40,10 @@ MAX_SECONDS_WAIT = 3600.0  # connectionTimeout, confirmTimeout
 MAX_SECONDS_HEARTBEAT = 3600
 MAX_JOURNAL_RETENTION = 7 * 86400.0
 DEDUPE_MODES = {"messageid": "messageId", "content": "content"}
+DEFAULT_MAX_TRIGGER_DELAY = 900.0  # Kafka's maxTriggerDelay default (15m)
+# Queue mode holds a delayed batch's deliveries unacknowledged: keep well under
+# RabbitMQ's consumer_timeout (30 min by default).
+MAX_TRIGGER_DELAY = 3600.0
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,16 @@ class JournalOptions:
 
 
 @dataclass(frozen=True)
+class TriggerOptions:
+    """How much a micro-batch takes: at most ``max_messages``; with ``min_messages``, a batch
+    waits until that many are there or ``max_delay`` seconds passed since the last one."""
+
+    max_messages: int | None  # None: everything available (stream mode's default)
+    min_messages: int | None = None
+    max_delay: float = DEFAULT_MAX_TRIGGER_DELAY
+
+
+@dataclass(frozen=True)
 class SourceOptions:
     connection: ConnectionOptions
     queues: tuple[str, ...]
@@ -96,6 +112,7 @@ class SourceOptions:
     journal: JournalOptions | None = None  # None: at-least-once
     dedupe_by: str = "messageId"  # how a redelivered copy is recognised: "messageId" or "content"
     exclusive_consumer: bool = False
+    trigger: TriggerOptions = TriggerOptions(DEFAULT_MAX_MESSAGES_PER_TRIGGER)
 
 
 @dataclass(frozen=True)
@@ -135,6 +152,8 @@ SOURCE_KEYS = CONNECTION_KEYS | {
         "queue",
         "prefetch",
         "maxMessagesPerTrigger",
+        "minMessagesPerTrigger",
+        "maxTriggerDelay",
         "numPartitions",
         "declareQueue",
         "queueDurable",
@@ -167,7 +186,7 @@ SINK_KEYS = CONNECTION_KEYS | {
 }
 
 
-def _parse_connection(r: OptionReader) -> ConnectionOptions:
+def parse_connection(r: OptionReader) -> ConnectionOptions:
     uri = r.required("uri", "the broker address, e.g. amqp://user@host:5672/vhost (put the password in option 'password')").strip()
     scheme, userinfo, address = split_uri(uri)
     shown = redact_uri(uri)
@@ -220,7 +239,7 @@ def _parse_connection(r: OptionReader) -> ConnectionOptions:
 
 def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
     r = OptionReader(options, SOURCE_KEYS)
-    connection = _parse_connection(r)
+    connection = parse_connection(r)
     raw_queues = r.required("queue", "one queue name, or several separated by commas")
     queues = tuple(q.strip() for q in raw_queues.split(","))
     if any(q == "" for q in queues):
@@ -265,6 +284,7 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
     dedupe = (r.text("dedupeBy", "messageId") or "").strip()
     if dedupe.lower() not in DEDUPE_MODES:
         raise AmqpOptionError(f"option 'dedupeBy' must be messageId or content, got {dedupe!r}")
+    trigger = parse_trigger(r, max_per_trigger)
     return SourceOptions(
         connection=connection,
         queues=queues,
@@ -276,7 +296,22 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         dedupe_by=DEDUPE_MODES[dedupe.lower()],
         # Exactly-once holds only while one query reads each queue: enforce it by default.
         exclusive_consumer=r.boolean("exclusiveConsumer", journal is not None),
+        trigger=trigger,
     )
+
+
+def parse_trigger(r: OptionReader, max_messages: int | None) -> TriggerOptions:
+    minimum = r.integer("minMessagesPerTrigger", None, 1)
+    if minimum is None:
+        if r.text("maxTriggerDelay") is not None:
+            raise AmqpOptionError("option 'maxTriggerDelay' only applies with option 'minMessagesPerTrigger'")
+        return TriggerOptions(max_messages)
+    if max_messages is not None and minimum > max_messages:
+        raise AmqpOptionError(
+            f"option 'minMessagesPerTrigger' ({minimum}) is larger than 'maxMessagesPerTrigger' ({max_messages}): "
+            "a batch could never be both"
+        )
+    return TriggerOptions(max_messages, minimum, r.duration("maxTriggerDelay", DEFAULT_MAX_TRIGGER_DELAY, 0.001, MAX_TRIGGER_DELAY))
 
 
 DEFAULT_MAX_MESSAGE_SIZE = 134_217_728  # RabbitMQ's default max_message_size (128 MiB)
@@ -285,7 +320,7 @@ EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
 
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     r = OptionReader(options, SINK_KEYS)
-    connection = _parse_connection(r)
+    connection = parse_connection(r)
     exchange = r.text("exchange", "") or ""
     routing_key = r.text("routingKey")
     if routing_key is not None and len(routing_key.encode("utf-8")) > 255:

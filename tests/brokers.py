@@ -44,10 +44,11 @@ def publish(url: str, queue: str, bodies: list[bytes], declare: bool = True, **p
     conn.close()
 
 
-def drop_source_connections(url: str, embedded: EmbeddedBroker | None) -> int:
-    """Cut the streaming source's consumer connections, as a network failure would; how many were cut."""
+def drop_source_connections(url: str, embedded: EmbeddedBroker | None, name_contains: str = "spark-amqp source") -> int:
+    """Cut the connections whose client name holds ``name_contains`` (by default the streaming source's
+    consumer connections), as a network failure would; how many were cut."""
     if embedded is not None and url == embedded.url:
-        return embedded.drop_connections(name_contains="spark-amqp source")
+        return embedded.drop_connections(name_contains=name_contains)
     ctl = shutil.which("rabbitmqctl")
     if ctl is None:
         raise RuntimeError("rabbitmqctl is needed to close connections on RabbitMQ")
@@ -61,7 +62,7 @@ def drop_source_connections(url: str, embedded: EmbeddedBroker | None) -> int:
     cut = 0
     for line in listing.splitlines():
         pid, _, props = line.partition("\t")
-        if "spark-amqp source" in props and "depth" not in props:
+        if name_contains in props and "depth" not in props:
             subprocess.run([ctl, "close_connection", pid, "test: connection dropped"], check=True, capture_output=True, timeout=60)
             cut += 1
     return cut

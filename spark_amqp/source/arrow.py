@@ -24,29 +24,26 @@ import pyarrow as pa
 from ..property_columns import STRING_PROPERTIES
 from .session import Delivery
 
-SCHEMA_DDL = (
-    "body BINARY, queue STRING, exchange STRING, routing_key STRING, delivery_tag BIGINT, redelivered BOOLEAN, "
-    + ", ".join(f"{p} STRING" for p in STRING_PROPERTIES)
+_PROPERTIES_DDL = (
+    ", ".join(f"{p} STRING" for p in STRING_PROPERTIES)
     + ", priority INT, delivery_mode INT, timestamp TIMESTAMP, headers MAP<STRING, STRING>, raw_header BINARY"
 )
+SCHEMA_DDL = "body BINARY, queue STRING, exchange STRING, routing_key STRING, delivery_tag BIGINT, redelivered BOOLEAN, " + _PROPERTIES_DDL
+# Stream mode: a stream position instead of a delivery tag, and no redeliveries.
+STREAM_SCHEMA_DDL = "body BINARY, queue STRING, exchange STRING, routing_key STRING, offset BIGINT, " + _PROPERTIES_DDL
 
 HEADERS_TYPE = pa.map_(pa.string(), pa.string())
-ARROW_SCHEMA = pa.schema(
-    [
-        ("body", pa.binary()),
-        ("queue", pa.string()),
-        ("exchange", pa.string()),
-        ("routing_key", pa.string()),
-        ("delivery_tag", pa.int64()),
-        ("redelivered", pa.bool_()),
-        *[(p, pa.string()) for p in STRING_PROPERTIES],
-        ("priority", pa.int32()),
-        ("delivery_mode", pa.int32()),
-        ("timestamp", pa.timestamp("us", tz="UTC")),
-        ("headers", HEADERS_TYPE),
-        ("raw_header", pa.binary()),
-    ]
-)
+_PROPERTY_SCHEMA = [
+    *[(p, pa.string()) for p in STRING_PROPERTIES],
+    ("priority", pa.int32()),
+    ("delivery_mode", pa.int32()),
+    ("timestamp", pa.timestamp("us", tz="UTC")),
+    ("headers", HEADERS_TYPE),
+    ("raw_header", pa.binary()),
+]
+_ROUTING_SCHEMA = [("body", pa.binary()), ("queue", pa.string()), ("exchange", pa.string()), ("routing_key", pa.string())]
+ARROW_SCHEMA = pa.schema([*_ROUTING_SCHEMA, ("delivery_tag", pa.int64()), ("redelivered", pa.bool_()), *_PROPERTY_SCHEMA])
+STREAM_ARROW_SCHEMA = pa.schema([*_ROUTING_SCHEMA, ("offset", pa.int64()), *_PROPERTY_SCHEMA])
 
 
 def render_header(value: Any) -> str | None:
@@ -98,19 +95,33 @@ _ROW_GETTER = operator.attrgetter("body", "queue", "exchange", "routing_key", "t
 
 
 def to_record_batch(rows: Sequence[Delivery]) -> pa.RecordBatch:
-    n = len(rows)
     # Transpose in C: one attrgetter call per row, then zip; most properties are
     # absent, and an all-null column costs nothing to build.
     bodies, queues, exchanges, keys, tags, redelivered, props = zip(*map(_ROW_GETTER, rows), strict=True)
-    prop_columns = list(zip(*_property_rows(props), strict=True))
-    *strings, priorities, modes, timestamps, headers, raw_headers = prop_columns
     columns = [
-        pa.array(bodies, pa.binary()),
-        pa.array(queues, pa.string()),
-        pa.array(exchanges, pa.string()),
-        pa.array(keys, pa.string()),
+        *_routing_arrays(bodies, queues, exchanges, keys),
         pa.array(tags, pa.int64()),
         pa.array(redelivered, pa.bool_()),
+        *_property_arrays(props),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+
+
+def to_stream_batch(rows: Sequence[tuple[bytes, str, str, str, int, Any]]) -> pa.RecordBatch:
+    """Stream mode: rows of (body, stream, exchange, routing key, offset, properties)."""
+    bodies, streams, exchanges, keys, offsets, props = zip(*rows, strict=True)
+    columns = [*_routing_arrays(bodies, streams, exchanges, keys), pa.array(offsets, pa.int64()), *_property_arrays(props)]
+    return pa.RecordBatch.from_arrays(columns, schema=STREAM_ARROW_SCHEMA)
+
+
+def _routing_arrays(bodies: Sequence[bytes], queues: Sequence[str], exchanges: Sequence[str], keys: Sequence[str]) -> list[pa.Array]:
+    return [pa.array(bodies, pa.binary()), pa.array(queues, pa.string()), pa.array(exchanges, pa.string()), pa.array(keys, pa.string())]
+
+
+def _property_arrays(props: Sequence[Any]) -> list[pa.Array]:
+    n = len(props)
+    *strings, priorities, modes, timestamps, headers, raw_headers = zip(*_property_rows(props), strict=True)
+    return [
         *[_column(values, pa.string(), n) for values in strings],
         _column(priorities, pa.int32(), n),
         _column(modes, pa.int32(), n),
@@ -118,7 +129,6 @@ def to_record_batch(rows: Sequence[Delivery]) -> pa.RecordBatch:
         _headers(headers, n),
         _column(raw_headers, pa.binary(), n),
     ]
-    return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
 
 
 def _column(values: Sequence[Any], kind: pa.DataType, n: int) -> pa.Array:

@@ -16,22 +16,9 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
 from ..offsets import AmqpSourceOffset
 from ..options import SourceOptions
+from ..read_limits import AVAILABLE_NOW_BASES, default_limit, limit_terms
 from . import arrow
 from .runtime import SourceRuntime
-
-try:  # PySpark >= 4.2: admission control and Trigger.AvailableNow for Python sources
-    from pyspark.sql.streaming.datasource import (
-        ReadAllAvailable,
-        ReadLimit,
-        ReadMaxRows,
-        ReadMinRows,
-        SupportsTriggerAvailableNow,
-    )
-
-    _AVAILABLE_NOW_BASES: tuple[type, ...] = (SupportsTriggerAvailableNow,)
-except ImportError:  # PySpark 4.0 / 4.1
-    ReadAllAvailable = ReadLimit = ReadMaxRows = ReadMinRows = None  # type: ignore[assignment,misc]
-    _AVAILABLE_NOW_BASES = ()
 
 
 class AmqpInputPartition(InputPartition):
@@ -46,7 +33,7 @@ class AmqpInputPartition(InputPartition):
         return f"AmqpInputPartition(index={self.index}, bytes={len(self.data)})"
 
 
-class AmqpStreamReader(DataSourceStreamReader, *_AVAILABLE_NOW_BASES):  # type: ignore[misc]
+class AmqpStreamReader(DataSourceStreamReader, *AVAILABLE_NOW_BASES):  # type: ignore[misc]
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self._runtime: SourceRuntime | None = None
@@ -67,10 +54,10 @@ class AmqpStreamReader(DataSourceStreamReader, *_AVAILABLE_NOW_BASES):  # type: 
         return AmqpSourceOffset.initial(self.options.queues).to_json()
 
     def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, Any]:
-        return self.runtime.latest_offset(start, self._max_rows(limit))
+        return self.runtime.latest_offset(start, *limit_terms(limit))
 
     def getDefaultReadLimit(self) -> Any:
-        return ReadMaxRows(self.options.max_messages_per_trigger)
+        return default_limit(self.options.trigger)
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
         return self.runtime.backlog()
@@ -91,12 +78,3 @@ class AmqpStreamReader(DataSourceStreamReader, *_AVAILABLE_NOW_BASES):  # type: 
     def stop(self) -> None:
         if self._runtime is not None:
             self._runtime.shutdown()
-
-    def _max_rows(self, limit: Any) -> int | None:
-        if limit is None or ReadMaxRows is None:
-            return None
-        if isinstance(limit, ReadMaxRows):
-            return int(limit.max_rows)
-        if isinstance(limit, ReadAllAvailable):
-            return 2**62
-        return None

@@ -27,6 +27,7 @@ from ..errors import AmqpSourceError, explain, is_transient
 from ..offsets import AmqpSourceOffset, QueuePosition
 from ..options import DEFAULT_JOURNAL_RETENTION, SourceOptions
 from . import arrow
+from .admission import Admission
 from .journalled import JournalledBatches
 from .ledger import Entry, RedeliveryFilter, SessionLedger
 from .session import AckConfirmed, ConsumerSession, Delivery, SessionClosed
@@ -72,6 +73,7 @@ class SourceRuntime:
         self.committed_seq = 0
         self.last_end = AmqpSourceOffset.initial(options.queues)
         self.metrics = SourceMetrics()
+        self.admission = Admission(options.trigger)
         self.available_now: dict[str, int] | None = None
         self._idle_since: float | None = None
         self._backlog: dict[str, Any] | None = None
@@ -110,7 +112,7 @@ class SourceRuntime:
 
     # -- Spark's calls ------------------------------------------------------------
 
-    def latest_offset(self, start: dict[str, Any] | None, max_rows: int | None) -> dict[str, Any]:
+    def latest_offset(self, start: dict[str, Any] | None, max_rows: int | None = None, use_minimum: bool = True) -> dict[str, Any]:
         origin = AmqpSourceOffset.from_json(start) if start else self.last_end
         if not self.recovered:
             self._recover(origin.key, None)
@@ -120,7 +122,11 @@ class SourceRuntime:
         self._pump()
         self._acknowledge()
         limit = self.options.max_messages_per_trigger if max_rows is None else max_rows
-        taken = self._take(limit)
+        now = time.monotonic()
+        if self.available_now is None and use_minimum and not self.admission.admit(len(self.buffer), now, limit, True):
+            taken = []  # fewer than minMessagesPerTrigger, and maxTriggerDelay has not passed
+        else:
+            taken = self._take(limit)
         if self.available_now is not None:
             # Trigger.AvailableNow ends the run at the first latestOffset that
             # returns its start, so wait for data until the target is reached.
@@ -136,6 +142,7 @@ class SourceRuntime:
             self._retire()
             return origin.to_json()
         end = self._plan(origin, taken)
+        self.admission.fired(now)
         self.last_end = end
         return end.to_json()
 

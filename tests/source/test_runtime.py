@@ -365,3 +365,26 @@ def test_sigterm_handler_closes_the_connection_cleanly(embedded: EmbeddedBroker)
     ended = [how for name, how in embedded.ended_connections() if name.startswith("spark-amqp source")]
     assert ended == ["closed by client"]
     assert embedded.queue_stats("q") == {"ready": 20, "unacked": 0, "consumers": 0}
+
+
+def test_min_messages_per_trigger_holds_a_batch_back(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
+    q = names.queue()
+    publish(amqp_url, q, [])
+    d = MicroBatchDriver(amqp_url, q, maxMessagesPerTrigger=100, minMessagesPerTrigger=50, maxTriggerDelay="1h")
+    try:
+        runtime = d.runtime
+        runtime.ensure_started()
+        runtime.admission.fired(time.monotonic())  # as if a batch had just run: the minimum applies
+        publish(amqp_url, q, [b"early"] * 49, declare=False)
+
+        def held_back() -> bool:
+            assert runtime.latest_offset(d.start) == d.start, "a batch below minMessagesPerTrigger was planned"
+            return len(runtime.buffer) == 49
+
+        assert wait_for(held_back, timeout=30)
+        assert runtime.latest_offset(d.start) == d.start
+        publish(amqp_url, q, [b"enough"], declare=False)
+        planned = d.plan(wait=30)
+        assert planned is not None and len(d.run_batch(*planned)) == 50
+    finally:
+        d.close()

@@ -1,0 +1,99 @@
+"""``BlockingClient``: one ``AmqpClient`` on a background event-loop thread, for callers that are not async.
+
+Spark's source runner calls the reader synchronously; planning a stream batch
+asks the broker a few short questions. This keeps one connection for them,
+opens it on first use and again after it is lost, and retries transient
+failures until ``connectionTimeout`` while a permanent refusal fails at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from ..errors import AmqpSourceError, ConnectionLost, explain, is_transient
+from ..options import ConnectionOptions
+from .connection import AmqpClient
+
+__all__ = ["BlockingClient"]
+
+log = logging.getLogger("spark_amqp.client")
+T = TypeVar("T")
+MAX_BACKOFF = 5.0
+
+
+class BlockingClient:
+    def __init__(self, options: ConnectionOptions, client_name: str) -> None:
+        self.options = options
+        self.client_name = client_name
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._client: AmqpClient | None = None
+
+    def run(self, call: Callable[[AmqpClient], Awaitable[T]], subject: str) -> T:
+        """``call(client)`` on the loop thread; ``subject`` names what is asked about in errors (e.g. "stream 'events'")."""
+        options = self.options
+        deadline = time.monotonic() + options.connection_timeout
+        backoff = 0.2
+        while True:
+            try:
+                return self._submit(call)
+            except Exception as err:
+                self._drop()
+                if is_transient(err) and time.monotonic() + backoff < deadline:
+                    log.warning("AMQP: %s: %s; retrying", subject, err)
+                    time.sleep(backoff)
+                    backoff = min(2 * backoff, MAX_BACKOFF)
+                    continue
+                if isinstance(err, AmqpSourceError):
+                    raise
+                raise AmqpSourceError(explain(err, options.display_uri, options.username, options.vhost, subject)) from err
+
+    def close(self) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        if self._client is not None:
+            client, self._client = self._client, None
+            try:
+                asyncio.run_coroutine_threadsafe(client.close(), loop).result(5.0)
+            except Exception as err:  # closing anyway; nothing was in flight
+                log.debug("AMQP: close: %s", err)
+        loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
+            self._thread.join(5.0)
+        self._loop = self._thread = None
+
+    def _submit(self, call: Callable[[AmqpClient], Awaitable[T]]) -> T:
+        loop = self._ensure_loop()
+        future = asyncio.run_coroutine_threadsafe(self._with_client(call), loop)
+        try:
+            # The client's own calls time out after connectionTimeout; this is a backstop.
+            return future.result(3 * self.options.connection_timeout + 5.0)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise ConnectionLost(f"no answer within {3 * self.options.connection_timeout + 5.0:g}s") from None
+
+    async def _with_client(self, call: Callable[[AmqpClient], Awaitable[T]]) -> T:
+        client = self._client
+        if client is None or client.closed.done():
+            client = self._client = await AmqpClient.connect(self.options, self.client_name)
+        return await call(client)
+
+    def _drop(self) -> None:
+        client, self._client = self._client, None
+        if client is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(client.abort, ConnectionLost("dropped after a failure"))
+
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(target=loop.run_forever, name=f"{self.client_name} I/O", daemon=True)
+            thread.start()
+            self._loop, self._thread = loop, thread
+        return self._loop

@@ -1,0 +1,135 @@
+"""``StreamPlanner``: stream mode's state in Spark's source-runner process, on the driver.
+
+It asks the broker where each stream ends (``probe``), decides how far each
+micro-batch reads (``Admission``, ``ranges``) and splits the batch into offset
+ranges that executors read themselves. It holds no message data and sends no
+acks: a stream keeps its messages, so a batch is defined by its offsets alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from ..client.blocking import BlockingClient
+from ..errors import AmqpSourceError
+from ..source.admission import Admission
+from ..stream_options import StreamSourceOptions
+from . import probe
+from .offset import UNSET, StreamOffset
+from .ranges import StreamRange, limit_ends, split
+
+log = logging.getLogger("spark_amqp.stream")
+
+BACKLOG_INTERVAL = 1.0  # at most one round of probes a second for the progress report
+
+
+class StreamPlanner:
+    def __init__(self, options: StreamSourceOptions) -> None:
+        self.options = options
+        self.client = BlockingClient(options.connection, "spark-amqp stream planner")
+        self.admission = Admission(options.trigger)
+        self.available_now: dict[str, int] | None = None
+        self._backlog: dict[str, Any] | None = None
+        self._backlog_at = -BACKLOG_INTERVAL
+
+    # -- Spark's calls ---------------------------------------------------------------
+
+    def initial_offset(self) -> StreamOffset:
+        """Where a new query starts. ``last`` and ``next`` move with the stream, so they stay ``UNSET``
+        here and the first batch fixes them (see ``offset``); the other forms give the same answer
+        again when a crash makes Spark ask a second time."""
+        ends = self.ends()  # fails fast on a missing stream, a queue that is not one, or a refused login
+        positions = {}
+        for stream in self.options.streams:
+            positions[stream] = self._fixed_start(stream, ends[stream])
+        return StreamOffset.of(positions)
+
+    def latest_offset(self, start: dict[str, Any] | None, max_rows: int | None, use_minimum: bool) -> StreamOffset:
+        origin = StreamOffset.from_json(start) if start else self.initial_offset()
+        unset = [s for s in self.options.streams if origin.get(s) == UNSET]
+        if unset:
+            # A batch of its own, with no rows: Spark logs it, so a replay starts where this run did.
+            ends = self.ends()
+            fixed = {s: self._moving_start(s, ends[s]) for s in unset}
+            log.info("AMQP source: streams start at %s", fixed)
+            return StreamOffset.of({**origin.as_dict(), **fixed})
+        starts = {s: origin.get(s) for s in self.options.streams}
+        ends = self.ends()
+        for stream in self.options.streams:
+            if ends[stream] < starts[stream]:
+                raise AmqpSourceError(
+                    f"stream '{stream}' ends at offset {ends[stream]} but this query has read it up to {starts[stream]}: "
+                    "the stream was deleted and declared again. Start the query with a new checkpointLocation"
+                )
+        if self.available_now is not None:
+            ends = {s: min(ends[s], max(starts[s], self.available_now[s])) for s in ends}
+            use_minimum = False
+        available = sum(ends[s] - starts[s] for s in ends)
+        now = time.monotonic()
+        take = self.admission.admit(available, now, max_rows, use_minimum)
+        if take == 0:
+            return origin
+        if take < available:
+            ends = limit_ends(starts, ends, take)
+        self.admission.fired(now)
+        return StreamOffset.of(ends)
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[StreamRange]:
+        first, last = StreamOffset.from_json(start), StreamOffset.from_json(end)
+        starts, ends = {}, {}
+        for stream, stop in last.positions:
+            begin = first.get(stream)
+            if begin != UNSET and stop != UNSET:  # a batch that fixes where a stream starts reads nothing of it
+                starts[stream], ends[stream] = begin, stop
+        return split(starts, ends, self.options.num_partitions, self.options.min_partition_size)
+
+    def prepare_available_now(self) -> None:
+        self.available_now = self.ends()
+        log.info("AMQP source: AvailableNow run reads up to %s", self.available_now)
+
+    def backlog(self) -> dict[str, Any] | None:
+        """Where each stream ends now (next offset to be written): Spark 4.2+ shows it in the progress."""
+        now = time.monotonic()
+        if now - self._backlog_at >= BACKLOG_INTERVAL:
+            self._backlog_at = now
+            try:
+                self._backlog = dict(self.ends())
+            except AmqpSourceError as err:
+                log.debug("AMQP source: stream ends not measured: %s", err)
+        return self._backlog
+
+    def close(self) -> None:
+        self.client.close()
+
+    # -- the broker --------------------------------------------------------------------
+
+    def ends(self) -> dict[str, int]:
+        """Per stream, the offset after its last message (0 for an empty stream)."""
+        ends = {}
+        for stream in self.options.streams:
+            last = self.client.run(lambda c, s=stream: probe.tail(c, s), f"stream '{stream}'")  # type: ignore[misc]
+            ends[stream] = 0 if last is None else last + 1
+        return ends
+
+    def _fixed_start(self, stream: str, end: int) -> int:
+        start = self.options.start_of(stream)
+        stamp = self.options.starting_timestamp
+        if stamp is not None:
+            found = self.client.run(lambda c: probe.offset_at(c, stream, stamp), f"stream '{stream}'")
+            return end if found is None else found
+        if isinstance(start, int):
+            return start
+        if start == "first":
+            found = self.client.run(lambda c: probe.head(c, stream), f"stream '{stream}'")
+            return 0 if found is None else found
+        return UNSET
+
+    def _moving_start(self, stream: str, end: int) -> int:
+        start = self.options.start_of(stream)
+        if start == "last":
+            return max(0, end - 1)  # from the last message on
+        if start == "next":
+            return end
+        return self._fixed_start(stream, end)  # a stream added to an existing query

@@ -1,0 +1,120 @@
+"""Stream mode under Spark: parallel reads on executors, exact offsets, fewer and larger batches. Both brokers."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pyspark
+import pytest
+from pyspark.sql import functions as F
+
+from ..broker.helpers import wait_for
+from ..stream.test_reading import declare_stream, publish
+
+pytestmark = [pytest.mark.spark, pytest.mark.streams]
+PYSPARK_42 = tuple(int(p) for p in pyspark.__version__.split(".")[:2]) >= (4, 2)
+
+
+def _meet(barrier: str, parties: int, timeout: float) -> None:
+    """Arrive at a barrier shared by ``parties`` tasks; fails if they do not run at the same time."""
+    Path(barrier, uuid.uuid4().hex).touch()
+    deadline = time.monotonic() + timeout
+    while len(os.listdir(barrier)) < parties:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {len(os.listdir(barrier))} of {parties} tasks ran at the same time")
+        time.sleep(0.05)
+
+
+def _tagger(barrier: str, parties: int):  # type: ignore[no-untyped-def]
+    """A UDF giving each row "<task>:<position in the task>"; each task waits at the barrier first.
+
+    Each task runs in a Python worker of its own while both run, so per-process state is per task."""
+    state: dict[str, object] = {}
+
+    def tag(offset: int) -> str:
+        if "task" not in state:
+            _meet(barrier, parties, 120)
+            state["task"], state["seq"] = uuid.uuid4().hex, 0
+        seq = int(state["seq"])  # type: ignore[call-overload]
+        state["seq"] = seq + 1
+        return f"{state['task']}:{seq}"
+
+    return F.udf(tag, "string", useArrow=False)
+
+
+def test_a_stream_is_read_in_parallel_tasks_each_in_offset_order(spark, amqp_url: str, names, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    publish(amqp_url, s, 0, 4000)
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    out = tmp_path / "out"
+    df = (
+        spark.readStream.format("amqp")
+        .option("uri", amqp_url)
+        .option("stream", s)
+        .option("numPartitions", "2")
+        .load()
+        .select("offset", "message_id", "queue", _tagger(str(barrier), 2)("offset").alias("tag"))
+    )
+    query = df.writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(tmp_path / "c"))
+    query = query.trigger(availableNow=True).start()
+    assert query.awaitTermination(240)
+    assert query.exception() is None
+    rows = pa.concat_tables([pq.read_table(f) for f in glob.glob(f"{out}/*.parquet")]).to_pylist()
+    assert sorted((r["offset"], r["message_id"]) for r in rows) == [(i, f"m{i}") for i in range(4000)]
+    assert {r["queue"] for r in rows} == {s}
+    by_task: dict[str, list[tuple[int, int]]] = {}
+    for r in rows:
+        task, seq = r["tag"].split(":")
+        by_task.setdefault(task, []).append((int(seq), r["offset"]))
+    assert len(by_task) == 2 and len(os.listdir(barrier)) == 2
+    for pairs in by_task.values():
+        offsets = [o for _, o in sorted(pairs)]
+        assert offsets == list(range(offsets[0], offsets[0] + len(offsets)))  # one contiguous range, in order
+    # The checkpoint holds stream positions: the next offset to read.
+    logged = sorted((tmp_path / "c" / "offsets").glob("[0-9]*"))
+    assert json.loads(logged[-1].read_text().splitlines()[-1]) == {s: 4000}
+
+
+def _progress_sources(query) -> list[tuple[int, object]]:  # type: ignore[no-untyped-def]
+    """(rows, reported latest offset) of each progress event."""
+    out = []
+    for p in query.recentProgress:
+        if p.sources:
+            latest = p.sources[0].latestOffset
+            out.append((p.numInputRows, json.loads(latest) if latest else None))
+    return out
+
+
+@pytest.mark.skipif(not PYSPARK_42, reason="the polls are observed through reportLatestOffset, shown from Spark 4.2")
+def test_min_messages_per_trigger_holds_a_batch_back_until_enough_are_there(spark, amqp_url: str, names, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    publish(amqp_url, s, 0, 300)
+    out = tmp_path / "out"
+    spark.conf.set("spark.sql.streaming.noDataProgressEventInterval", "100ms")
+    reader = spark.readStream.format("amqp").option("uri", amqp_url).option("stream", s)
+    reader = reader.option("minMessagesPerTrigger", "500").option("maxTriggerDelay", "1h")
+    query = reader.load().writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(tmp_path / "c"))
+    query = query.trigger(processingTime="100 milliseconds").start()
+    try:
+        # The first batch of a run goes at once, whatever its size.
+        assert wait_for(lambda: sum(n for n, _ in _progress_sources(query)) == 300, timeout=120, interval=0.2)
+        publish(amqp_url, s, 300, 200)
+        # Spark polled the source at least twice while it had 200 new messages: no batch for them.
+        assert wait_for(lambda: [lo for _, lo in _progress_sources(query)].count({s: 500}) >= 2, timeout=60, interval=0.2)
+        assert sum(n for n, _ in _progress_sources(query)) == 300
+        publish(amqp_url, s, 500, 300)
+        assert wait_for(lambda: sum(n for n, _ in _progress_sources(query)) == 800, timeout=120, interval=0.2)
+        assert [n for n, _ in _progress_sources(query) if n] == [300, 500]
+    finally:
+        spark.conf.unset("spark.sql.streaming.noDataProgressEventInterval")
+        query.stop()

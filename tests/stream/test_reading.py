@@ -1,0 +1,249 @@
+"""Stream mode against a broker, without Spark: where streams end and start, exact ranges, refusals,
+retention, super streams and resuming after a dropped connection. Both brokers."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pika
+import pytest
+
+from spark_amqp.errors import AmqpSourceError
+from spark_amqp.stream import probe
+from spark_amqp.stream.offset import UNSET, StreamOffset
+from spark_amqp.stream.planner import StreamPlanner
+from spark_amqp.stream.range_reader import read_range
+from spark_amqp.stream.ranges import StreamRange
+from spark_amqp.stream_options import StreamSourceOptions, parse_stream_options
+
+from ..broker.helpers import wait_for
+from ..brokers import drop_source_connections
+
+pytestmark = pytest.mark.streams
+
+
+def declare_stream(url: str, name: str, **arguments: object) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    conn.channel().queue_declare(name, durable=True, arguments={"x-queue-type": "stream", **arguments})
+    conn.close()
+
+
+def publish(url: str, stream: str, first: int, count: int, size: int = 0) -> None:
+    """Messages ``m<first>`` ... with bodies ``b<i>`` (padded to ``size``), all confirmed."""
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    for i in range(first, first + count):
+        ch.basic_publish("", stream, f"b{i}".encode().ljust(size, b"."), pika.BasicProperties(message_id=f"m{i}"))
+    conn.close()
+
+
+def options(url: str, stream: str, **extra: str) -> StreamSourceOptions:
+    return parse_stream_options({"uri": url, "stream": stream, "connectionTimeout": "20", **extra})
+
+
+def offsets_and_ids(opts: StreamSourceOptions, part: StreamRange, batch_rows: int = 10_000) -> list[tuple[int, str]]:
+    return [
+        (offset, mid)
+        for batch in read_range(opts, part, batch_rows)
+        for offset, mid in zip(batch.column("offset").to_pylist(), batch.column("message_id").to_pylist(), strict=True)
+    ]
+
+
+@pytest.fixture
+def planners() -> Iterator[list[StreamPlanner]]:
+    made: list[StreamPlanner] = []
+    yield made
+    for p in made:
+        p.close()
+
+
+def planner(made: list[StreamPlanner], opts: StreamSourceOptions) -> StreamPlanner:
+    made.append(StreamPlanner(opts))
+    return made[-1]
+
+
+def test_a_range_is_read_exactly_in_offset_order(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    publish(amqp_url, s, 0, 1000)
+    opts = options(amqp_url, s, prefetch="50")
+    # A small credit and batches of 100 rows: chunks overshoot the range's end, which is dropped.
+    got = offsets_and_ids(opts, StreamRange(s, 137, 611), batch_rows=100)
+    assert got == [(i, f"m{i}") for i in range(137, 611)]
+    assert offsets_and_ids(opts, StreamRange(s, 999, 1000)) == [(999, "m999")]
+    assert offsets_and_ids(opts, StreamRange(s, 5, 5)) == []
+
+
+def test_the_planner_finds_the_end_cheaply_and_plans_ranges(amqp_url: str, names, planners) -> None:  # type: ignore[no-untyped-def]
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    p = planner(planners, options(amqp_url, s, numPartitions="3"))
+    assert p.ends() == {s: 0}
+    assert p.initial_offset() == StreamOffset.of({s: 0})  # first, on an empty stream
+    assert p.latest_offset({s: 0}, None, True) == StreamOffset.of({s: 0})
+    publish(amqp_url, s, 0, 300, size=2000)
+    assert p.ends() == {s: 300}
+    end = p.latest_offset({s: 0}, None, True)
+    assert end == StreamOffset.of({s: 300})
+    ranges = p.partitions({s: 0}, end.to_json())
+    assert [(r.start, r.end) for r in ranges] == [(0, 100), (100, 200), (200, 300)]
+    assert p.latest_offset({s: 0}, 120, True) == StreamOffset.of({s: 120})  # Spark's ReadMaxRows
+    assert p.backlog() == {s: 300}
+
+
+@pytest.mark.parametrize("start", ["first", "last", "next", "json"])
+def test_every_starting_offsets_form(amqp_url: str, names, planners, start: str) -> None:  # type: ignore[no-untyped-def]
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    publish(amqp_url, s, 0, 50)
+    given = json.dumps({s: 20}) if start == "json" else start
+    p = planner(planners, options(amqp_url, s, startingOffsets=given))
+    initial = p.initial_offset()
+    expected_start = {"first": 0, "last": 49, "next": 50, "json": 20}[start]
+    if start in ("last", "next"):
+        # They move with the stream: the first batch fixes them and reads nothing.
+        assert initial == StreamOffset.of({s: UNSET})
+        fixed = p.latest_offset(initial.to_json(), None, True)
+        assert fixed == StreamOffset.of({s: expected_start})
+        assert p.partitions(initial.to_json(), fixed.to_json()) == []
+        initial = fixed
+    assert initial == StreamOffset.of({s: expected_start})
+    publish(amqp_url, s, 50, 10)
+    end = p.latest_offset(initial.to_json(), None, True)
+    assert end == StreamOffset.of({s: 60})
+    rows = [x for r in p.partitions(initial.to_json(), end.to_json()) for x in offsets_and_ids(p.options, r)]
+    assert rows == [(i, f"m{i}") for i in range(expected_start, 60)]
+
+
+def test_starting_timestamp(amqp_url: str, names, planners) -> None:  # type: ignore[no-untyped-def]
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    publish(amqp_url, s, 0, 30)
+    # The stream's timestamps are per chunk and the argument is in seconds: start at a second boundary.
+    boundary = int(time.time()) + 1
+    assert wait_for(lambda: time.time() >= boundary, timeout=5)
+    publish(amqp_url, s, 30, 20)
+    p = planner(planners, options(amqp_url, s, startingTimestamp=str(boundary * 1000)))
+    assert p.initial_offset() == StreamOffset.of({s: 30})
+    late = planner(planners, options(amqp_url, s, startingTimestamp=str((boundary + 3600) * 1000)))
+    assert late.initial_offset() == StreamOffset.of({s: 50})  # nothing that recent: from the end
+
+
+def test_a_queue_that_is_not_a_stream_is_refused_before_any_ack(amqp_url: str, names, planners) -> None:  # type: ignore[no-untyped-def]
+    q = names.queue("classic")
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    ch = conn.channel()
+    ch.queue_declare(q)
+    for i in range(3):
+        ch.basic_publish("", q, b"keep me", pika.BasicProperties(message_id=f"k{i}"))
+    opts = options(amqp_url, q)
+    started = time.monotonic()
+    with pytest.raises(AmqpSourceError, match=f"queue '{q}' is not a stream queue.*nothing was acknowledged.*option 'queue'"):
+        planner(planners, opts).initial_offset()
+    with pytest.raises(AmqpSourceError, match="is not a stream queue"):
+        offsets_and_ids(opts, StreamRange(q, 0, 3))
+    assert time.monotonic() - started < 10
+    # Every message is still there, and none was even delivered.
+    assert wait_for(lambda: ch.queue_declare(q, passive=True).method.message_count == 3, timeout=10)
+    method, _, _ = ch.basic_get(q)
+    assert method is not None and not method.redelivered
+    conn.close()
+
+
+def test_a_missing_stream_fails_fast_and_says_so(amqp_url: str, names, planners) -> None:  # type: ignore[no-untyped-def]
+    s = names.queue("absent")
+    started = time.monotonic()
+    with pytest.raises(AmqpSourceError, match=f"stream '{s}'.*not found.*x-queue-type=stream"):
+        planner(planners, options(amqp_url, s)).initial_offset()
+    assert time.monotonic() - started < 10
+
+
+def _truncated_stream(url: str, name: str) -> int:
+    """A stream whose retention already removed its first messages; returns its first offset."""
+    declare_stream(url, name, **{"x-max-length-bytes": 20_000, "x-stream-max-segment-size-bytes": 4_000})
+    p = StreamPlanner(options(url, name))
+    published = 0
+    try:
+        while True:
+            publish(url, name, published, 100, size=100)
+            published += 100
+            first = p.client.run(lambda c: probe.head(c, name), name)
+            if first:
+                return first
+            assert published < 5000, "retention never removed anything"
+    finally:
+        p.close()
+
+
+def test_retention_loss_fails_or_is_skipped(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
+    s = names.queue("stream")
+    first = _truncated_stream(amqp_url, s)
+    with pytest.raises(AmqpSourceError, match=rf"stream '{s}': offsets 0 to {first - 1} \({first}\) were removed .*failOnDataLoss=false"):
+        offsets_and_ids(options(amqp_url, s), StreamRange(s, 0, first + 5))
+    lenient = offsets_and_ids(options(amqp_url, s, failOnDataLoss="false"), StreamRange(s, 0, first + 5))
+    assert lenient and lenient[0][0] == first and all(first <= o < first + 5 for o, _ in lenient)
+
+
+def test_offsets_without_messages_are_not_data_loss(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
+    s = names.queue("stream")
+    first = _truncated_stream(amqp_url, s)
+    p = StreamPlanner(options(amqp_url, s))
+    end = p.ends()[s]
+    p.close()
+    read = [o for o, _ in offsets_and_ids(options(amqp_url, s), StreamRange(s, first, end))]
+    gaps = [o for o in range(read[0], read[-1]) if o not in set(read)]
+    if not gaps:
+        pytest.skip("this broker numbers only messages (RabbitMQ starts each segment with a tracking chunk)")
+    # A batch can start at such an offset (it ends just after a message): nothing was lost.
+    after = offsets_and_ids(options(amqp_url, s), StreamRange(s, gaps[0], gaps[0] + 3))
+    assert after and after[0][0] > gaps[0]
+
+
+def test_a_super_stream_reads_its_partitions(amqp_url: str, names, planners) -> None:  # type: ignore[no-untyped-def]
+    base = names.queue("super")
+    for i in range(3):
+        names.queues.append(f"{base}-{i}")
+        declare_stream(amqp_url, f"{base}-{i}")
+        publish(amqp_url, f"{base}-{i}", 100 * i, 10 + i)
+    opts = parse_stream_options({"uri": amqp_url, "superStream": base, "superStreamPartitions": "3"})
+    p = planner(planners, opts)
+    start = p.initial_offset()
+    end = p.latest_offset(start.to_json(), None, True)
+    assert end == StreamOffset.of({f"{base}-0": 10, f"{base}-1": 11, f"{base}-2": 12})
+    ids = sorted(m for r in p.partitions(start.to_json(), end.to_json()) for _, m in offsets_and_ids(opts, r))
+    assert ids == sorted(f"m{100 * i + j}" for i in range(3) for j in range(10 + i))
+
+
+def test_a_dropped_connection_resumes_after_the_last_offset_read(amqp_url: str, names, embedded_or_none) -> None:  # type: ignore[no-untyped-def]
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    publish(amqp_url, s, 0, 3000)
+    batches = read_range(options(amqp_url, s, prefetch="100"), StreamRange(s, 0, 3000), 500)
+    got = list(next(batches).column("offset").to_pylist())
+    assert wait_for(lambda: drop_source_connections(amqp_url, embedded_or_none, "spark-amqp stream reader") > 0, timeout=30)
+    for batch in batches:
+        got.extend(batch.column("offset").to_pylist())
+    assert got == list(range(3000))
+
+
+def test_min_messages_per_trigger_and_max_trigger_delay(amqp_url: str, names, planners) -> None:  # type: ignore[no-untyped-def]
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    p = planner(planners, options(amqp_url, s, minMessagesPerTrigger="50", maxTriggerDelay="1h"))
+    start = {s: 0}
+    p.admission.fired(time.monotonic())  # as if a batch had just run: the minimum applies
+    publish(amqp_url, s, 0, 49)
+    assert p.ends() == {s: 49}
+    assert p.latest_offset(start, None, True) == StreamOffset.of(start)
+    assert p.latest_offset(start, None, False) == StreamOffset.of({s: 49})  # AvailableNow reads to the end anyway
+    publish(amqp_url, s, 49, 1)
+    assert p.latest_offset(start, None, True) == StreamOffset.of({s: 50})
+    # With a short delay, what is there goes once the delay has passed since the last batch.
+    quick = planner(planners, options(amqp_url, s, minMessagesPerTrigger="500", maxTriggerDelay="300ms"))
+    fired = time.monotonic()
+    quick.admission.fired(fired)
+    assert wait_for(lambda: quick.latest_offset(start, None, True) == StreamOffset.of({s: 50}), timeout=10, interval=0.02)
+    assert time.monotonic() - fired >= 0.3
