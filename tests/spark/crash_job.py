@@ -1,4 +1,4 @@
-"""The streaming query the crash tests kill: AMQP queue -> Delta table, with a checkpoint.
+"""The streaming query the crash tests kill: AMQP queue (or stream) -> Delta table, with a checkpoint.
 
 Run as a subprocess in its own process group, so one SIGKILL to the group
 takes down the Python driver, the JVM and the source runner at once, as a
@@ -42,6 +42,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--uri", required=True)
     p.add_argument("--queue", required=True)
+    p.add_argument("--stream", action="store_true", help="the queue is a stream: read it in stream mode")
     p.add_argument("--table", required=True)
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--journal")
@@ -59,15 +60,17 @@ def main() -> None:
     }
     spark = sparkenv.local_spark("spark-amqp-crash-job", master="local[2]", **small_and_quiet)
     spark.sparkContext.setLogLevel("ERROR")
-    reader = (
-        spark.readStream.format("amqp")
-        .option("uri", args.uri)
-        .option("queue", args.queue)
-        .option("maxMessagesPerTrigger", args.max_per_trigger)
-    )
+    reader = spark.readStream.format("amqp").option("uri", args.uri).option("maxMessagesPerTrigger", args.max_per_trigger)
+    if args.stream:
+        # Two tasks per batch: executors read offset ranges themselves.
+        reader = reader.option("stream", args.queue).option("numPartitions", "2")
+        columns = ["message_id", "CAST(body AS STRING) AS body", "offset"]
+    else:
+        reader = reader.option("queue", args.queue)
+        columns = ["message_id", "CAST(body AS STRING) AS body", "redelivered"]
     if args.journal:
         reader = reader.option("journalLocation", args.journal)
-    rows = reader.load().selectExpr("message_id", "CAST(body AS STRING) AS body", "redelivered")
+    rows = reader.load().selectExpr(*columns)
     writer = rows.writeStream.format("delta").option("checkpointLocation", args.checkpoint)
     writer = writer.trigger(availableNow=True) if args.available_now else writer.trigger(processingTime="200 milliseconds")
     if args.kill_after_delta_commit:
