@@ -15,8 +15,11 @@ import pyspark
 import pytest
 from pyspark.sql import functions as F
 
+from spark_amqp.stream.planner import StreamPlanner
+from spark_amqp.stream.ranges import StreamRange
+
 from ..broker.helpers import wait_for
-from ..stream.test_reading import declare_stream, publish
+from ..stream.test_reading import declare_stream, offsets_and_ids, options, publish
 
 pytestmark = [pytest.mark.spark, pytest.mark.streams]
 PYSPARK_42 = tuple(int(p) for p in pyspark.__version__.split(".")[:2]) >= (4, 2)
@@ -118,3 +121,19 @@ def test_min_messages_per_trigger_holds_a_batch_back_until_enough_are_there(spar
     finally:
         spark.conf.unset("spark.sql.streaming.noDataProgressEventInterval")
         query.stop()
+
+
+def test_the_sink_publishes_to_a_stream_as_to_any_queue(spark, amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    df = spark.range(500).selectExpr("CAST(CONCAT('w', id) AS BINARY) AS body", "CONCAT('id', id) AS message_id")
+    df.write.format("amqp").option("uri", amqp_url).option("routingKey", s).mode("append").save()
+    opts = options(amqp_url, s)
+    p = StreamPlanner(opts)
+    try:
+        end = p.ends()[s]
+    finally:
+        p.close()
+    assert end == 500
+    rows = offsets_and_ids(opts, StreamRange(s, 0, end))
+    assert sorted(m for _, m in rows) == sorted(f"id{i}" for i in range(500))
