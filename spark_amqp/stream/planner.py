@@ -23,6 +23,9 @@ from .ranges import StreamRange, limit_ends, split
 log = logging.getLogger("spark_amqp.stream")
 
 BACKLOG_INTERVAL = 1.0  # at most one round of probes a second for the progress report
+# Spark polls an idle source every ~10 ms; an end at most this old is still a safe end
+# (it only delays what arrived since), and it keeps idle probing to ten a second.
+PROBE_INTERVAL = 0.1
 
 
 class StreamPlanner:
@@ -33,6 +36,8 @@ class StreamPlanner:
         self.available_now: dict[str, int] | None = None
         self._backlog: dict[str, Any] | None = None
         self._backlog_at = -BACKLOG_INTERVAL
+        self._ends: dict[str, int] = {}
+        self._ends_at = -PROBE_INTERVAL
 
     # -- Spark's calls ---------------------------------------------------------------
 
@@ -56,7 +61,7 @@ class StreamPlanner:
             log.info("AMQP source: streams start at %s", fixed)
             return StreamOffset.of({**origin.as_dict(), **fixed})
         starts = {s: origin.get(s) for s in self.options.streams}
-        ends = self.ends()
+        ends = self.ends(PROBE_INTERVAL)
         for stream in self.options.streams:
             if ends[stream] < starts[stream]:
                 raise AmqpSourceError(
@@ -105,13 +110,17 @@ class StreamPlanner:
 
     # -- the broker --------------------------------------------------------------------
 
-    def ends(self) -> dict[str, int]:
-        """Per stream, the offset after its last message (0 for an empty stream)."""
+    def ends(self, max_age: float = 0.0) -> dict[str, int]:
+        """Per stream, the offset after its last message (0 for an empty stream), measured at most ``max_age`` ago."""
+        now = time.monotonic()
+        if now - self._ends_at < max_age:
+            return dict(self._ends)
         ends = {}
         for stream in self.options.streams:
             last = self.client.run(lambda c, s=stream: probe.tail(c, s), f"stream '{stream}'")  # type: ignore[misc]
             ends[stream] = 0 if last is None else last + 1
-        return ends
+        self._ends, self._ends_at = ends, now
+        return dict(ends)
 
     def _fixed_start(self, stream: str, end: int) -> int:
         start = self.options.start_of(stream)
