@@ -38,6 +38,10 @@ class StreamPlanner:
         self._backlog_at = -BACKLOG_INTERVAL
         self._ends: dict[str, int] = {}
         self._ends_at = -PROBE_INTERVAL
+        # PySpark 4.0/4.1 call latestOffset() without the batch's start: the last end this
+        # process returned or was handed (a restart begins with partitions(x, x) of the newest
+        # logged offset) stands in for it.
+        self.last_end: StreamOffset | None = None
 
     # -- Spark's calls ---------------------------------------------------------------
 
@@ -52,7 +56,12 @@ class StreamPlanner:
         return StreamOffset.of(positions)
 
     def latest_offset(self, start: dict[str, Any] | None, max_rows: int | None, use_minimum: bool) -> StreamOffset:
-        origin = StreamOffset.from_json(start) if start else self.initial_offset()
+        origin = StreamOffset.from_json(start) if start else (self.last_end or self.initial_offset())
+        end = self._latest(origin, max_rows, use_minimum)
+        self.last_end = end
+        return end
+
+    def _latest(self, origin: StreamOffset, max_rows: int | None, use_minimum: bool) -> StreamOffset:
         unset = [s for s in self.options.streams if origin.get(s) == UNSET]
         if unset:
             # A batch of its own, with no rows: Spark logs it, so a replay starts where this run did.
@@ -83,6 +92,7 @@ class StreamPlanner:
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[StreamRange]:
         first, last = StreamOffset.from_json(start), StreamOffset.from_json(end)
+        self.last_end = last
         starts, ends = {}, {}
         for stream, stop in last.positions:
             begin = first.get(stream)

@@ -3,6 +3,7 @@ retention, super streams and resuming after a dropped connection. Both brokers."
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Iterator
@@ -253,3 +254,47 @@ def test_min_messages_per_trigger_and_max_trigger_delay(amqp_url: str, names, pl
     quick.admission.fired(fired)
     assert wait_for(lambda: quick.latest_offset(start, None, True) == StreamOffset.of({s: 50}), timeout=10, interval=0.02)
     assert time.monotonic() - fired >= 0.3
+
+
+def test_available_now_reads_to_where_the_streams_ended_when_the_run_started(amqp_url: str, names, planners) -> None:  # type: ignore[no-untyped-def]
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    publish(amqp_url, s, 0, 40)
+    p = planner(planners, options(amqp_url, s, maxMessagesPerTrigger="25", minMessagesPerTrigger="25"))
+    start = p.initial_offset().to_json()
+    p.prepare_available_now()
+    publish(amqp_url, s, 40, 30)  # after the run started: not part of it
+    assert p.ends() == {s: 70}
+    first = p.latest_offset(start, None, True)
+    assert first == StreamOffset.of({s: 25})  # the maximum still holds
+    second = p.latest_offset(first.to_json(), None, True)
+    assert second == StreamOffset.of({s: 40})  # below the minimum, but the run must end
+    assert p.latest_offset(second.to_json(), None, True) == second  # done: Spark ends the run
+
+
+def test_two_readers_of_one_stream_each_get_every_message(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    publish(amqp_url, s, 0, 1000)
+    opts = options(amqp_url, s, prefetch="100")
+    one, two = read_range(opts, StreamRange(s, 0, 1000), 100), read_range(opts, StreamRange(s, 0, 1000), 100)
+    got: dict[int, list[int]] = {1: [], 2: []}
+    for a, b in itertools.zip_longest(one, two):  # interleaved: both consumers are open at once
+        got[1] += a.column("offset").to_pylist() if a is not None else []
+        got[2] += b.column("offset").to_pylist() if b is not None else []
+    assert got[1] == got[2] == list(range(1000))
+
+
+def test_without_a_start_the_planner_goes_on_from_its_last_end(amqp_url: str, names, planners) -> None:  # type: ignore[no-untyped-def]
+    """PySpark 4.0/4.1 call latestOffset() without the batch's start."""
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    publish(amqp_url, s, 0, 30)
+    p = planner(planners, options(amqp_url, s, maxMessagesPerTrigger="10"))
+    ends = [p.latest_offset(None, None, True) for _ in range(4)]
+    assert ends == [StreamOffset.of({s: n}) for n in (10, 20, 30, 30)]
+    # A restart: Spark first asks for the partitions of the newest logged batch, then goes on.
+    restarted = planner(planners, options(amqp_url, s, maxMessagesPerTrigger="10"))
+    assert restarted.partitions({s: 20}, {s: 20}) == []
+    publish(amqp_url, s, 30, 5)
+    assert wait_for(lambda: restarted.latest_offset(None, None, True) == StreamOffset.of({s: 30}), timeout=10)
