@@ -41,7 +41,9 @@ def read_range(options: StreamSourceOptions, part: StreamRange, batch_rows: int 
     loop = asyncio.new_event_loop()
     reader = _RangeReader(options, part)
     try:
-        while not reader.done:
+        # The loop can run a few more callbacks after next_rows returns, so rows may
+        # arrive (and the range end) between calls: stop only once they are all out.
+        while not reader.done or reader.rows:
             rows = loop.run_until_complete(reader.next_rows(batch_rows))
             if rows:
                 yield arrow.to_stream_batch(rows)
