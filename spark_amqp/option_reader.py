@@ -82,6 +82,19 @@ class OptionReader:
             )
         return value
 
+    def names(self, key: str, noun: str) -> tuple[str, ...]:
+        """A required comma-separated list of queue or stream names: none empty, none twice, none over 255 bytes."""
+        raw = self.required(key, f"one {noun} name, or several separated by commas")
+        names = tuple(n.strip() for n in raw.split(","))
+        if any(n == "" for n in names):
+            raise AmqpOptionError(f"option '{self.name(key)}' has an empty name in {raw!r}")
+        if len(set(names)) != len(names):
+            raise AmqpOptionError(f"option '{self.name(key)}' names a {noun} twice: {raw!r}")
+        for n in names:
+            if len(n.encode("utf-8")) > 255:
+                raise AmqpOptionError(f"option '{self.name(key)}': name longer than 255 bytes: {n[:40]!r}...")
+        return names
+
     def duration(self, key: str, default: float, low: float, high: float) -> float:
         """Seconds, from a number of seconds or a number with a unit: ``500ms``, ``30s``, ``15m``, ``1h``."""
         raw = self.text(key)

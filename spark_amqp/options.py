@@ -240,15 +240,7 @@ def parse_connection(r: OptionReader) -> ConnectionOptions:
 def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
     r = OptionReader(options, SOURCE_KEYS)
     connection = parse_connection(r)
-    raw_queues = r.required("queue", "one queue name, or several separated by commas")
-    queues = tuple(q.strip() for q in raw_queues.split(","))
-    if any(q == "" for q in queues):
-        raise AmqpOptionError(f"option 'queue' has an empty name in {raw_queues!r}")
-    if len(set(queues)) != len(queues):
-        raise AmqpOptionError(f"option 'queue' names a queue twice: {raw_queues!r}")
-    for q in queues:
-        if len(q.encode("utf-8")) > 255:
-            raise AmqpOptionError(f"option 'queue': name longer than 255 bytes: {q[:40]!r}...")
+    queues = r.names("queue", "queue")
     max_per_trigger = r.integer("maxMessagesPerTrigger", DEFAULT_MAX_MESSAGES_PER_TRIGGER, 1)
     assert max_per_trigger is not None
     default_prefetch = min(MAX_PREFETCH, max(DEFAULT_PREFETCH, 2 * max_per_trigger))

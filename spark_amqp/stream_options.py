@@ -115,15 +115,9 @@ def _streams(r: OptionReader) -> tuple[str, ...]:
     else:
         if r.text("superStreamPartitions") is not None:
             raise AmqpOptionError("option 'superStreamPartitions' only applies with option 'superStream'")
-        raw = r.required("stream", "one stream name, or several separated by commas")
-        streams = tuple(s.strip() for s in raw.split(","))
-        if any(s == "" for s in streams):
-            raise AmqpOptionError(f"option 'stream' has an empty name in {raw!r}")
-        if len(set(streams)) != len(streams):
-            raise AmqpOptionError(f"option 'stream' names a stream twice: {raw!r}")
-    for s in streams:
-        if len(s.encode("utf-8")) > 255:
-            raise AmqpOptionError(f"stream name longer than 255 bytes: {s[:40]!r}...")
+        streams = r.names("stream", "stream")
+    if any(len(s.encode("utf-8")) > 255 for s in streams):
+        raise AmqpOptionError(f"option 'superStream': the name is too long for its partition streams ({streams[-1][:40]!r}...)")
     return streams
 
 

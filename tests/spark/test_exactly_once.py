@@ -140,6 +140,22 @@ def _kill_between_delta_commit_and_commit_log(url: str, queue: str, work: Path, 
     raise AssertionError("never killed inside the window between the Delta commit and the commit log")
 
 
+def _kill_and_finish(url: str, queue: str, work: Path, journal: bool, publisher: threading.Thread, rng: random.Random) -> None:
+    """SIGKILL the query once between a Delta commit and the commit log, twice at random moments while
+    batches run, then finish what is left with an AvailableNow run."""
+    _kill_between_delta_commit_and_commit_log(url, queue, work, journal)
+    for _ in range(2):
+        job = Job(url, queue, work, journal)
+        planned = _offsets_logged(work)
+        wait_for(lambda before=planned: _offsets_logged(work) > before, timeout=180)  # type: ignore[misc]
+        time.sleep(rng.uniform(0.0, 2.0))
+        job.kill()
+    publisher.join(120)
+    assert not publisher.is_alive()
+    final = Job(url, queue, work, journal, "--available-now")
+    assert final.wait(300) == 0, final.output()[-3000:]
+
+
 def _offsets_logged(work: Path) -> int:
     return len(list((work / "checkpoint" / "offsets").glob("[0-9]*")))
 
@@ -161,17 +177,7 @@ def test_sigkill_restarts(spark, broker, names_plain, tmp_path: Path, journal: b
     publisher = _publish(url, queue, MESSAGES, pause=0.5)  # ~100 msg/s: still publishing through the first kills
     rng = random.Random(5)
 
-    _kill_between_delta_commit_and_commit_log(url, queue, tmp_path, journal)
-    for _ in range(2):  # and at random moments while batches run
-        job = Job(url, queue, tmp_path, journal)
-        planned = _offsets_logged(tmp_path)
-        wait_for(lambda before=planned: _offsets_logged(tmp_path) > before, timeout=180)  # type: ignore[misc]
-        time.sleep(rng.uniform(0.0, 2.0))
-        job.kill()
-    publisher.join(120)
-    assert not publisher.is_alive()
-    final = Job(url, queue, tmp_path, journal, "--available-now")
-    assert final.wait(300) == 0, final.output()[-3000:]
+    _kill_and_finish(url, queue, tmp_path, journal, publisher, rng)
 
     ids = _ids(spark, tmp_path / "table")
     assert set(ids) == _expected()  # at least once, either way
@@ -214,17 +220,7 @@ def test_stream_sigkill_restarts_exactly_once_without_a_journal(spark, broker, n
     publisher = _publish(url, stream, MESSAGES, pause=0.5)
     rng = random.Random(7)
 
-    _kill_between_delta_commit_and_commit_log(url, stream, tmp_path, False)
-    for _ in range(2):
-        job = Job(url, stream, tmp_path, False)
-        planned = _offsets_logged(tmp_path)
-        wait_for(lambda before=planned: _offsets_logged(tmp_path) > before, timeout=180)  # type: ignore[misc]
-        time.sleep(rng.uniform(0.0, 2.0))
-        job.kill()
-    publisher.join(120)
-    assert not publisher.is_alive()
-    final = Job(url, stream, tmp_path, False, "--available-now")
-    assert final.wait(300) == 0, final.output()[-3000:]
+    _kill_and_finish(url, stream, tmp_path, False, publisher, rng)
 
     ids = _ids(spark, tmp_path / "table")
     # A replayed batch re-reads the same offsets, so Delta skips or writes it whole: exactly once.
