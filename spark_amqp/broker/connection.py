@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from pamqp import commands
 
 from .. import errors, framing
+from . import handshake
 from .channel import Channel
 
 if TYPE_CHECKING:
@@ -181,21 +182,7 @@ class BrokerConnection(asyncio.Protocol):
 
     def _send_start(self) -> None:
         self.state = "start"
-        props: dict[str, Any] = {
-            "product": "spark-amqp embedded broker",
-            "version": "1.0",
-            "platform": "Python asyncio",
-            "capabilities": {
-                "publisher_confirms": True,
-                "basic.nack": True,
-                "consumer_cancel_notify": True,
-                "exchange_exchange_bindings": False,
-                "per_consumer_qos": True,
-                "authentication_failure_close": True,
-                "connection.blocked": False,
-            },
-        }
-        start = C.Start(server_properties=props, mechanisms="PLAIN AMQPLAIN", locales="en_US")
+        start = C.Start(server_properties=handshake.server_properties(), mechanisms="PLAIN AMQPLAIN", locales="en_US")
         self.send_method(0, start)
 
     def _on_connection_method(self, method: Any) -> None:
@@ -219,6 +206,9 @@ class BrokerConnection(asyncio.Protocol):
                 self.transport.close()
         elif isinstance(method, C.CloseOk):
             self._finish_close()
+        elif isinstance(method, C.UpdateSecret) and self.state == "running":
+            # RabbitMQ's internal user store accepts any new secret for the logged-in user.
+            self.send_method(0, C.UpdateSecretOk())
         else:
             raise errors.CommandInvalid(f"unexpected {method.name} in state {self.state}")
 
@@ -227,7 +217,7 @@ class BrokerConnection(asyncio.Protocol):
         self.capabilities = dict(caps) if isinstance(caps, dict) else {}
         name = (method.client_properties or {}).get("connection_name")
         self.client_name = name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name or "")
-        user, password = self._credentials(method)
+        user, password = handshake.credentials(method)
         if not self.server.authenticate(user, password):
             log.info("embedded broker: login refused for user %r from %s", user, self.peer)
             if self.client_capability("authentication_failure_close"):
@@ -242,24 +232,6 @@ class BrokerConnection(asyncio.Protocol):
         self.user = user
         self.state = "tune"
         self.send_method(0, C.Tune(channel_max=SERVER_CHANNEL_MAX, frame_max=SERVER_FRAME_MAX, heartbeat=self.server.heartbeat))
-
-    @staticmethod
-    def _credentials(method: C.StartOk) -> tuple[str, str]:
-        response = method.response
-        raw = response.encode("utf-8") if isinstance(response, str) else bytes(response or b"")
-        if method.mechanism == "PLAIN":
-            parts = raw.split(b"\x00")
-            if len(parts) == 3:
-                return parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")
-        elif method.mechanism == "AMQPLAIN":
-            from pamqp import decode
-
-            try:
-                _, table = decode.field_table(len(raw).to_bytes(4, "big") + raw)
-                return str(table.get("LOGIN", "")), str(table.get("PASSWORD", ""))
-            except ValueError:
-                pass
-        return "", ""
 
     def _on_tune_ok(self, method: C.TuneOk) -> None:
         if method.channel_max == 0 or method.channel_max > SERVER_CHANNEL_MAX:
