@@ -49,7 +49,18 @@ def retarget(tree: Path, port: int) -> None:
 
 def run_suite(tree: Path, label: str, extra: list[str], timeout: float) -> dict[str, object]:
     report = tree / f"junit-{label}.xml"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--continue-on-collection-errors", f"--junitxml={report}", "tests/acceptance", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--continue-on-collection-errors",
+        f"--junitxml={report}",
+        "tests/acceptance",
+        *extra,
+    ]
     try:
         proc = subprocess.run(cmd, cwd=tree, capture_output=True, text=True, timeout=timeout, env=_env(tree))
         tail = proc.stdout.strip().splitlines()[-1:] if proc.stdout else []
@@ -76,10 +87,10 @@ def _counts(report: Path) -> dict[str, object]:
         kinds = {child.tag for child in case}
         if "failure" in kinds:
             failed += 1
-            not_passed.append(f"FAIL  {name}: {_first_line(case, 'failure')}")
+            not_passed.append(f"FAIL  {name}: {_reason(case, 'failure')}")
         elif "error" in kinds:
             errors += 1
-            not_passed.append(f"ERROR {name}: {_first_line(case, 'error')}")
+            not_passed.append(f"ERROR {name}: {_reason(case, 'error')}")
         elif "skipped" in kinds:
             skipped += 1
         else:
@@ -87,10 +98,13 @@ def _counts(report: Path) -> dict[str, object]:
     return {"passed": passed, "failed": failed, "errors": errors, "skipped": skipped, "not_passed": not_passed}
 
 
-def _first_line(case: ET.Element, tag: str) -> str:
+def _reason(case: ET.Element, tag: str) -> str:
+    """The last line of the failure's message: the exception, not the traceback's start."""
     node = case.find(tag)
-    message = (node.get("message") or node.text or "") if node is not None else ""
-    return message.strip().splitlines()[0][:200] if message.strip() else ""
+    text = ((node.get("message") or "") + "\n" + (node.text or "")) if node is not None else ""
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith(("File ", "^"))]
+    found = [line for line in lines if "Error" in line or "assert" in line]
+    return (found or lines or [""])[-1][:200]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,9 +143,11 @@ def main(argv: list[str] | None = None) -> int:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
     for result in results:
+        missing = sum("ModuleNotFoundError" in line for line in result["not_passed"])  # type: ignore[attr-defined]
         print(
             f"{result['label']:>9}: {result['passed']} passed, {result['failed']} failed, "
-            f"{result['errors']} errors, {result['skipped']} skipped   ({' '.join(result['summary'])})"  # type: ignore[arg-type]
+            f"{result['errors']} errors, {result['skipped']} skipped; {missing} of the failures only lack an adapter's "
+            f"module (gevent, tornado, twisted)   ({' '.join(result['summary'])})"  # type: ignore[arg-type]
         )
     for result in results:
         shown = result["not_passed"][: args.show]  # type: ignore[index]

@@ -147,8 +147,8 @@ def start_spec(name: str, value: Any) -> tuple[str, int]:
     first / last / next / offset / timestamp (ms)."""
     if value is None:
         return ("next", 0)
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", "replace")
+    if isinstance(value, bytes | bytearray):
+        value = bytes(value).decode("utf-8", "replace")
     if isinstance(value, bool):
         raise internal_error()
     if isinstance(value, int):
@@ -266,7 +266,7 @@ class StreamQueue:
 
         if durable != self.durable:
             return f"inequivalent arg 'durable' for {_where(self.name)}: received '{_b(durable)}' but current is '{_b(self.durable)}'"
-        for key in ("x-queue-type", "x-max-length-bytes", "x-max-age", "x-stream-max-segment-size-bytes"):
+        for key in ("x-max-length-bytes", "x-queue-type", "x-max-age", "x-stream-max-segment-size-bytes"):  # RabbitMQ's order
             mine, theirs = self.arguments.get(key), arguments.get(key)
             if mine != theirs:
                 return f"inequivalent arg '{key}' for {_where(self.name)}: received {_arg(theirs)} but current is {_arg(mine)}"
