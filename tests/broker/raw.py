@@ -9,8 +9,8 @@ import struct
 import urllib.parse
 from typing import Any
 
-from pamqp import commands, frame, header
 from pamqp import body as pbody
+from pamqp import commands, frame, header
 
 C = commands
 

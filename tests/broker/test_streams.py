@@ -162,7 +162,7 @@ def test_next_and_beyond_the_end_wait_for_new_messages(amqp_url, names) -> None:
     for key, offset in (("next", "next"), ("far", 100), ("exact", 4)):
         ch.basic_consume(q, lambda c, m, p, b, k=key: got[k].append(p.headers["x-stream-offset"]), arguments={"x-stream-offset": offset})
     _publish_each(amqp_url, q, [b"d", b"e"])
-    wait_for(lambda: len(got["next"]) >= 2 and len(got["exact"]) >= 1 or conn.process_data_events(time_limit=0.05), timeout=15)
+    wait_for(lambda: (len(got["next"]) >= 2 and len(got["exact"]) >= 1) or conn.process_data_events(time_limit=0.05), timeout=15)
     for tag in list(ch.consumer_tags):
         ch.basic_cancel(tag)  # deliveries sent before cancel-ok arrive before it
     conn.close()
@@ -203,7 +203,7 @@ def test_every_delivery_carries_its_offset_as_a_long_header(amqp_url, names) -> 
     ch.basic_consume(q, lambda c, m, p, b: seen.append((m, p)), arguments={"x-stream-offset": 0})
     wait_for(lambda: len(seen) >= 2 or conn.process_data_events(time_limit=0.05), timeout=15)
     conn.close()
-    (m0, p0), (m1, p1) = seen
+    (m0, p0), (_, p1) = seen
     assert p0.headers == {"h": 1, "x-stream-offset": 0}  # the publisher's own x-stream-offset is replaced
     assert (p0.message_id, p0.delivery_mode, p0.content_type) == ("id", 2, "text/plain")
     assert p1.headers == {"x-stream-offset": 1}
