@@ -6,7 +6,7 @@ import pika
 import pytest
 
 from .helpers import consume_n, wait_for
-from .raw import C, RawClient
+from .raw import C, StreamClient
 
 
 def test_flow_off_is_refused_with_540_and_flow_on_is_acknowledged(conn) -> None:  # type: ignore[no-untyped-def]
@@ -19,7 +19,7 @@ def test_flow_off_is_refused_with_540_and_flow_on_is_acknowledged(conn) -> None:
 
 @pytest.mark.parametrize("secret", ["guest", "a-new-token"])
 def test_update_secret_is_acknowledged(amqp_url, secret) -> None:  # type: ignore[no-untyped-def]
-    raw = RawClient(amqp_url)
+    raw = StreamClient(amqp_url)
     raw.send(0, C.Connection.UpdateSecret(new_secret=secret, reason="rotation"))
     raw.expect(C.Connection.UpdateSecretOk)
     raw.send(2, C.Channel.Open())  # the connection goes on

@@ -14,7 +14,7 @@ import pika
 import pytest
 
 from .helpers import connect, wait_for
-from .raw import RawClient
+from .raw import StreamClient
 
 STREAM = {"x-queue-type": "stream"}
 SMALL_SEGMENTS = {"x-stream-max-segment-size-bytes": 1000}  # about four 100-byte messages per segment, on both brokers
@@ -40,7 +40,7 @@ def _read(url: str, name: str, offset: Any, prefetch: int = 1000, want: int | No
     """(offset, body) of what a consumer starting at ``offset`` gets: ``want`` deliveries, or
     everything sent before the cancel-ok when ``want`` is None."""
     if want is None:
-        raw = RawClient(url)
+        raw = StreamClient(url)
         try:
             return [(o, b"") for o, _ in raw.consume_then_cancel(name, offset, prefetch)]
         finally:
@@ -190,7 +190,7 @@ def test_every_delivery_carries_its_offset_as_a_long_header(amqp_url, names) -> 
     _declare(amqp_url, q)
     _publish_each(amqp_url, q, [b"x"], headers={"h": 1, "x-stream-offset": 77}, message_id="id", delivery_mode=2, content_type="text/plain")
     _publish_each(amqp_url, q, [b"y"])
-    raw = RawClient(amqp_url)
+    raw = StreamClient(amqp_url)
     got = raw.consume_then_cancel(q, "first", 10)
     raw.close()
     assert [o for o, _ in got] == [0, 1]
@@ -216,7 +216,7 @@ def test_every_delivery_carries_its_offset_as_a_long_header(amqp_url, names) -> 
 def test_a_consumer_gets_whole_chunks_from_its_offset(amqp_url, names) -> None:  # type: ignore[no-untyped-def]
     q = names.queue("stream")
     _declare(amqp_url, q)
-    raw = RawClient(amqp_url)
+    raw = StreamClient(amqp_url)
     raw.publish_burst(q, [b"x" * 200] * 2000)
     raw.close()
     # Walk the stream chunk by chunk: with prefetch 1 a consumer still gets a whole chunk.
