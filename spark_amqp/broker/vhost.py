@@ -172,7 +172,7 @@ class VirtualHost:
         if queue is None:
             return 0
         self._check_owner(queue, owner)
-        if if_unused and queue.consumers:
+        if if_unused and queue.consumer_count:  # stream consumers do not count, as on RabbitMQ 3.10
             raise errors.PreconditionFailed(f"queue '{name}' in vhost '{self.name}' in use")
         if if_empty and queue.ready:
             raise errors.PreconditionFailed(f"queue '{name}' in vhost '{self.name}' not empty")

@@ -414,3 +414,28 @@ def test_max_age_truncates_old_segments_when_a_new_one_starts(amqp_url, names) -
     assert _offsets(amqp_url, q, "first")[0] == 0  # age alone truncates nothing: only a new segment does
     _publish_each(amqp_url, q, [b"y" * 100] * 10)
     assert _offsets(amqp_url, q, "first")[0] > 0
+
+
+def test_exclusive_is_ignored_and_delete_conditions_pass(amqp_url, names) -> None:  # type: ignore[no-untyped-def]
+    q = names.queue("stream")
+    _declare(amqp_url, q)
+    _publish_each(amqp_url, q, [b"a"])
+    consumer = connect(amqp_url)
+    ch = consumer.channel()
+    ch.basic_qos(prefetch_count=5)
+    cancelled: list[Any] = []
+    ch.add_on_cancel_callback(cancelled.append)
+    # From "next": nothing is delivered, so pika has nothing to reject on close (a reject
+    # on a stream is a 540 connection close).
+    ch.basic_consume(q, lambda *a: None, exclusive=True, arguments={"x-stream-offset": "next"})
+    other = connect(amqp_url)
+    och = other.channel()
+    och.basic_qos(prefetch_count=5)
+    och.basic_consume(q, lambda *a: None, arguments={"x-stream-offset": "next"})  # an exclusive stream consumer does not lock others out
+    other.close()
+    admin = connect(amqp_url)
+    # Neither the consumer nor the message stops a conditional delete of a stream.
+    assert admin.channel().queue_delete(q, if_unused=True, if_empty=True).method.message_count == 0
+    admin.close()
+    wait_for(lambda: cancelled or consumer.process_data_events(time_limit=0.05), timeout=15)
+    consumer.close()
