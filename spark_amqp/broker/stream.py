@@ -299,7 +299,9 @@ class StreamQueue:
             self._retain(now_ms)
         first = self.next_offset
         for i, message in enumerate(records):
-            message.header = with_header_entries(message.header, {"x-stream-offset": b"l" + _OFFSET_KEY.pack(first + i)})
+            # RabbitMQ stores stream messages as AMQP 1.0; headers come back sorted by key.
+            offset = {"x-stream-offset": b"l" + _OFFSET_KEY.pack(first + i)}
+            message.header = with_header_entries(message.header, offset, sort_keys=True)
         self.chunks.append(Chunk(first, now_ms, records))
         self._firsts.append(first)
         self.next_offset = first + len(records)

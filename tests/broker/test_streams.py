@@ -171,6 +171,23 @@ def test_next_and_beyond_the_end_wait_for_new_messages(amqp_url, names) -> None:
     assert got["far"] == []  # an offset past the end waits for that offset, not for the next message
 
 
+def test_last_on_an_empty_stream_starts_at_the_first_message_written(amqp_url, names) -> None:  # type: ignore[no-untyped-def]
+    q = names.queue("stream")
+    _declare(amqp_url, q)
+    conn = connect(amqp_url)
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=100)
+    got: dict[str, list[int]] = {"last": [], "timestamp": []}
+    ch.basic_consume(q, lambda c, m, p, b: got["last"].append(p.headers["x-stream-offset"]), arguments={"x-stream-offset": "last"})
+    stamp = datetime.datetime(2000, 1, 1, tzinfo=datetime.timezone.utc)
+    ch.basic_consume(q, lambda c, m, p, b: got["timestamp"].append(p.headers["x-stream-offset"]), arguments={"x-stream-offset": stamp})
+    _publish_each(amqp_url, q, [b"a", b"b"])
+    wait_for(lambda: (len(got["last"]) >= 2 and len(got["timestamp"]) >= 2) or conn.process_data_events(time_limit=0.05), timeout=15)
+    ch.basic_ack(0, multiple=True)
+    conn.close()
+    assert got == {"last": [0, 1], "timestamp": [0, 1]}
+
+
 def test_timestamps_choose_the_first_chunk_written_at_or_after(amqp_url, names) -> None:  # type: ignore[no-untyped-def]
     q = names.queue("stream")
     _declare(amqp_url, q)
@@ -188,7 +205,9 @@ def test_timestamps_choose_the_first_chunk_written_at_or_after(amqp_url, names) 
 def test_every_delivery_carries_its_offset_as_a_long_header(amqp_url, names) -> None:  # type: ignore[no-untyped-def]
     q = names.queue("stream")
     _declare(amqp_url, q)
-    _publish_each(amqp_url, q, [b"x"], headers={"h": 1, "x-stream-offset": 77}, message_id="id", delivery_mode=2, content_type="text/plain")
+    _publish_each(
+        amqp_url, q, [b"x"], headers={"z": 1, "x-stream-offset": 77, "a": 2}, message_id="id", delivery_mode=2, content_type="text/plain"
+    )
     _publish_each(amqp_url, q, [b"y"])
     raw = StreamClient(amqp_url)
     got = raw.consume_then_cancel(q, "first", 10)
@@ -204,7 +223,7 @@ def test_every_delivery_carries_its_offset_as_a_long_header(amqp_url, names) -> 
     wait_for(lambda: len(seen) >= 2 or conn.process_data_events(time_limit=0.05), timeout=15)
     conn.close()
     (m0, p0), (_, p1) = seen
-    assert p0.headers == {"h": 1, "x-stream-offset": 0}  # the publisher's own x-stream-offset is replaced
+    assert list(p0.headers.items()) == [("a", 2), ("x-stream-offset", 0), ("z", 1)]  # replaced; keys come back sorted
     assert (p0.message_id, p0.delivery_mode, p0.content_type) == ("id", 2, "text/plain")
     assert p1.headers == {"x-stream-offset": 1}
     assert not m0.redelivered and m0.routing_key == q and m0.exchange == ""
