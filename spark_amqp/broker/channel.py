@@ -259,6 +259,11 @@ class Channel(DeclareMethods, SettleMethods, TxMethods):
         start = None
         if queue.is_stream:
             start = queue.check_consume(method.arguments or {}, bool(method.no_ack), prefetch, self.global_prefetch)  # type: ignore[attr-defined]
+        elif method.arguments and "x-stream-offset" in method.arguments:
+            # RabbitMQ refuses it on other queue types: how a reader learns, before any
+            # ack, that the queue is not a stream (where an ack would delete).
+            kind = "rabbit_quorum_queue" if queue.is_quorum else "rabbit_classic_queue"
+            raise errors.PreconditionFailed(f"invalid arg 'x-stream-offset' for queue '{queue.name}' in vhost '/' of queue type {kind}")
         elif queue.is_quorum:
             if self.global_prefetch:
                 raise errors.NotImplemented_(f"queue '{queue.name}' in vhost '/' does not support global qos")

@@ -458,3 +458,17 @@ def test_exclusive_is_ignored_and_delete_conditions_pass(amqp_url, names) -> Non
     admin.close()
     wait_for(lambda: cancelled or consumer.process_data_events(time_limit=0.05), timeout=15)
     consumer.close()
+
+
+@pytest.mark.parametrize("kind", ["classic", "quorum"])
+def test_other_queue_types_refuse_x_stream_offset(amqp_url, names, kind) -> None:  # type: ignore[no-untyped-def]
+    # How a reader learns a queue is not a stream before anything is delivered or acked.
+    q = names.queue(kind)
+    conn = connect(amqp_url)
+    conn.channel().queue_declare(q, durable=True, arguments={"x-queue-type": kind})
+    conn.close()
+    code, text = _channel_refusal(amqp_url, _consume(q, offset="first"))
+    assert (code, text) == (
+        406,
+        f"PRECONDITION_FAILED - invalid arg 'x-stream-offset' for queue '{q}' in vhost '/' of queue type rabbit_{kind}_queue",
+    )
