@@ -146,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         missing = sum("ModuleNotFoundError" in line for line in result["not_passed"])  # type: ignore[attr-defined]
         print(
             f"{result['label']:>9}: {result['passed']} passed, {result['failed']} failed, "
-            f"{result['errors']} errors, {result['skipped']} skipped; {missing} of the failures only lack an adapter's "
-            f"module (gevent, tornado, twisted)   ({' '.join(result['summary'])})"  # type: ignore[arg-type]
+            f"{result['errors']} errors, {result['skipped']} skipped; {missing} of those not passed only lack an "
+            f"adapter's module (gevent, tornado, twisted)   ({' '.join(result['summary'])})"  # type: ignore[arg-type]
         )
     for result in results:
         shown = result["not_passed"][: args.show]  # type: ignore[index]

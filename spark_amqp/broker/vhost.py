@@ -48,7 +48,8 @@ class VirtualHost:
         if name.startswith("amq."):
             raise errors.AccessRefused(f"exchange name '{name}' contains reserved prefix 'amq.*'")
         if kind not in EXCHANGE_TYPES:
-            raise errors.CommandInvalid(f"invalid exchange type '{kind}'")
+            # RabbitMQ says "invalid" only for names that happen to be Erlang atoms it knows.
+            raise errors.CommandInvalid(f"unknown exchange type '{kind}'")
         existing = self.exchanges.get(name)
         if existing is not None:
             field = existing.equivalent(kind, durable, auto_delete, internal, arguments)
