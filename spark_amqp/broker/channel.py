@@ -6,15 +6,18 @@ import base64
 import os
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
 from .. import errors, framing
 from . import codec
 from .consumer import Consumer
+from .declare import DeclareMethods
 from .message import Message
 from .queue import QUORUM_DEFAULT_PREFETCH, Queue
+from .settle import SettleMethods, Unacked
+from .tx import Publish, Transaction, TxMethods
 
 if TYPE_CHECKING:
     from .connection import BrokerConnection
@@ -22,16 +25,10 @@ if TYPE_CHECKING:
 B = commands.Basic
 Q = commands.Queue
 X = commands.Exchange
+T = commands.Tx
 
 
-class Unacked(NamedTuple):
-    queue: Queue
-    message: Message
-    consumer: Consumer | None
-    delivered_at: float
-
-
-class Channel:
+class Channel(DeclareMethods, SettleMethods, TxMethods):
     def __init__(self, connection: BrokerConnection, number: int) -> None:
         self.connection = connection
         self.vhost = connection.server.vhost
@@ -44,6 +41,7 @@ class Channel:
         self.global_prefetch = 0
         self.global_unacked = 0
         self.confirming = False
+        self.tx: Transaction | None = None
         self.publish_seq = 0
         self.pending_confirms: list[tuple[int, bool]] = []
         self.last_queue = ""
@@ -69,8 +67,13 @@ class Channel:
             B.RecoverAsync: self._on_recover,
             commands.Confirm.Select: self._on_confirm_select,
             commands.Channel.Flow: self._on_flow,
+            T.Select: self._on_tx_select,
+            T.Commit: self._on_tx_commit,
+            T.Rollback: self._on_tx_rollback,
             X.Declare: self._on_exchange_declare,
             X.Delete: self._on_exchange_delete,
+            X.Bind: self._on_exchange_bind,
+            X.Unbind: self._on_exchange_unbind,
             Q.Declare: self._on_queue_declare,
             Q.Bind: self._on_queue_bind,
             Q.Unbind: self._on_queue_unbind,
@@ -144,21 +147,29 @@ class Channel:
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         header = self._header
         self._publish, self._header, self._body = None, None, []
-        server = self.connection.server
         seq = 0
         if self.confirming:
             self.publish_seq += 1
             seq = self.publish_seq
         message = Message(exchange, routing_key, header, body)
         queues = self.vhost.route(exchange, message)
-        if server.faults.take_publish_nack():
+        if self.tx is not None:
+            self.tx.publishes.append(Publish(queues, message, mandatory))
+            return
+        self.enqueue(queues, message, mandatory, seq)
+
+    def enqueue(self, queues: list[Queue], message: Message, mandatory: bool, seq: int) -> None:
+        """A routed publish reaches its queues (or is returned); ``seq`` > 0 is confirmed."""
+        if self.connection.server.faults.take_publish_nack():
             if seq:
                 self._confirm(seq, False)
             return
         accepted = True
         if not queues:
             if mandatory:
-                self.connection.send_return(self.number, 312, "NO_ROUTE", exchange, routing_key, header, body)
+                self.connection.send_return(
+                    self.number, 312, "NO_ROUTE", message.exchange, message.routing_key, message.header, message.body
+                )
         else:
             now = self.connection.loop_time()
             for i, queue in enumerate(queues):
@@ -201,7 +212,7 @@ class Channel:
         tag = self.next_tag
         conn = self.connection
         if not consumer.no_ack:
-            self.unacked[tag] = Unacked(queue, message, consumer, conn.loop_time())
+            self.unacked[tag] = Unacked(queue, message, consumer, conn.loop_time(), tag)
             consumer.unacked += 1
             self.global_unacked += 1
             queue.unacked += 1
@@ -217,84 +228,12 @@ class Channel:
         self.next_tag += 1
         tag = self.next_tag
         if not method.no_ack:
-            self.unacked[tag] = Unacked(queue, message, None, self.connection.loop_time())
+            self.unacked[tag] = Unacked(queue, message, None, self.connection.loop_time(), tag)
             queue.unacked += 1
         self.connection.write(
             codec.get_ok_method(self.number, tag, message.redelivered, message.exchange, message.routing_key, len(queue.ready))
         )
         self.connection.write_content(self.number, message.header, message.body)
-
-    # -- settling -----------------------------------------------------------
-
-    def _take(self, tag: int, multiple: bool) -> list[Unacked]:
-        unacked = self.unacked
-        if multiple:
-            if tag == 0:
-                taken = list(unacked.values())
-                unacked.clear()
-                return taken
-            if tag not in unacked:
-                raise errors.PreconditionFailed(f"unknown delivery tag {tag}")
-            taken = []
-            while unacked:
-                first = next(iter(unacked))
-                if first > tag:
-                    break
-                taken.append(unacked.popitem(last=False)[1])
-            return taken
-        entry = unacked.pop(tag, None)
-        if entry is None:
-            raise errors.PreconditionFailed(f"unknown delivery tag {tag}")
-        return [entry]
-
-    def _release(self, entries: list[Unacked]) -> set[Queue]:
-        touched: set[Queue] = set()
-        for entry in entries:
-            entry.queue.unacked -= 1
-            consumer = entry.consumer
-            if consumer is not None:
-                consumer.unacked -= 1
-                self.global_unacked -= 1
-            touched.add(entry.queue)
-        return touched
-
-    def _settle(self, entries: list[Unacked], requeue: bool | None) -> None:
-        """requeue None = ack; True = back to the queue; False = reject (dead-letter)."""
-        touched = self._release(entries)
-        if requeue:
-            by_queue: dict[Queue, list[Message]] = {}
-            for entry in entries:
-                by_queue.setdefault(entry.queue, []).append(entry.message)
-            for queue, messages in by_queue.items():
-                queue.requeue(messages)
-        elif requeue is False:
-            for entry in entries:
-                entry.queue.reject(entry.message)
-        if self.global_prefetch:
-            touched.update(c.queue for c in self.consumers.values())
-        for queue in touched:
-            queue.dispatch()
-
-    def _on_ack(self, method: B.Ack) -> None:
-        self._settle(self._take(method.delivery_tag, bool(method.multiple)), None)
-
-    def _on_nack(self, method: B.Nack) -> None:
-        self._settle(self._take(method.delivery_tag, bool(method.multiple)), bool(method.requeue))
-
-    def _on_reject(self, method: B.Reject) -> None:
-        self._settle(self._take(method.delivery_tag or 0, False), bool(method.requeue))
-
-    def _on_recover(self, method: B.Recover) -> None:
-        if not method.requeue:
-            raise errors.NotImplemented_("requeue=false")
-        self._settle(self._take(0, True), True)
-        if isinstance(method, B.Recover):
-            self.connection.send_method(self.number, B.RecoverOk())
-
-    def oldest_unacked_at(self) -> float | None:
-        if not self.unacked:
-            return None
-        return self.unacked[next(iter(self.unacked))].delivered_at
 
     # -- consumers ------------------------------------------------------------
 
@@ -304,7 +243,9 @@ class Channel:
         if method.global_:
             self.global_prefetch = method.prefetch_count
         else:
+            # RabbitMQ lifts the channel-wide limit on a per-consumer basic.qos.
             self.consumer_prefetch = method.prefetch_count
+            self.global_prefetch = 0
         self.connection.send_method(self.number, B.QosOk())
         for consumer in self.consumers.values():
             consumer.queue.dispatch()
@@ -315,12 +256,23 @@ class Channel:
         if tag in self.consumers:
             raise errors.NotAllowed(f"attempt to reuse consumer tag '{tag}'")
         prefetch = self.consumer_prefetch
-        if queue.is_quorum:
+        start = None
+        if queue.is_stream:
+            start = queue.check_consume(method.arguments or {}, bool(method.no_ack), prefetch, self.global_prefetch)  # type: ignore[attr-defined]
+        elif method.arguments and "x-stream-offset" in method.arguments:
+            # RabbitMQ refuses it on other queue types: how a reader learns, before any
+            # ack, that the queue is not a stream (where an ack would delete).
+            kind = "rabbit_quorum_queue" if queue.is_quorum else "rabbit_classic_queue"
+            raise errors.PreconditionFailed(f"invalid arg 'x-stream-offset' for queue '{queue.name}' in vhost '/' of queue type {kind}")
+        elif queue.is_quorum:
             if self.global_prefetch:
                 raise errors.NotImplemented_(f"queue '{queue.name}' in vhost '/' does not support global qos")
             prefetch = prefetch or QUORUM_DEFAULT_PREFETCH
         consumer = Consumer(tag, self, queue, bool(method.no_ack), bool(method.exclusive), prefetch)
-        queue.add_consumer(consumer)
+        if start is not None:
+            queue.add_consumer(consumer, start)  # type: ignore[call-arg]
+        else:
+            queue.add_consumer(consumer)
         self.consumers[tag] = consumer
         if not method.nowait:
             self.connection.send_method(self.number, B.ConsumeOk(consumer_tag=tag))
@@ -340,58 +292,16 @@ class Channel:
             self.connection.send_method(self.number, B.Cancel(consumer_tag=consumer.tag, nowait=True))
 
     def _on_confirm_select(self, method: commands.Confirm.Select) -> None:
+        if self.tx is not None:
+            raise errors.PreconditionFailed("cannot switch from tx to confirm mode")
         self.confirming = True
         if not method.nowait:
             self.connection.send_method(self.number, commands.Confirm.SelectOk())
 
     def _on_flow(self, method: commands.Channel.Flow) -> None:
-        self.connection.send_method(self.number, commands.Channel.FlowOk(active=method.active))
-
-    # -- exchanges and queues ---------------------------------------------------
-
-    def _queue(self, name: str) -> Queue:
-        return self.vhost.queue(name or self.last_queue, self.connection)
-
-    def _on_exchange_declare(self, m: X.Declare) -> None:
-        self.vhost.declare_exchange(
-            m.exchange, m.exchange_type, bool(m.passive), bool(m.durable), bool(m.auto_delete), bool(m.internal), m.arguments or {}
-        )
-        if not m.nowait:
-            self.connection.send_method(self.number, X.DeclareOk())
-
-    def _on_exchange_delete(self, m: X.Delete) -> None:
-        self.vhost.delete_exchange(m.exchange, bool(m.if_unused))
-        if not m.nowait:
-            self.connection.send_method(self.number, X.DeleteOk())
-
-    def _on_queue_declare(self, m: Q.Declare) -> None:
-        queue = self.vhost.declare_queue(
-            m.queue, bool(m.passive), bool(m.durable), bool(m.exclusive), bool(m.auto_delete), m.arguments or {}, self.connection
-        )
-        self.last_queue = queue.name
-        if not m.nowait:
-            reply = Q.DeclareOk.__new__(Q.DeclareOk)
-            reply.queue, reply.message_count, reply.consumer_count = queue.name, queue.message_count, len(queue.consumers)
-            self.connection.send_method(self.number, reply)
-
-    def _on_queue_bind(self, m: Q.Bind) -> None:
-        self.vhost.bind(m.queue or self.last_queue, m.exchange, m.routing_key, m.arguments or {}, self.connection)
-        if not m.nowait:
-            self.connection.send_method(self.number, Q.BindOk())
-
-    def _on_queue_unbind(self, m: Q.Unbind) -> None:
-        self.vhost.unbind(m.queue or self.last_queue, m.exchange, m.routing_key, m.arguments or {}, self.connection)
-        self.connection.send_method(self.number, Q.UnbindOk())
-
-    def _on_queue_purge(self, m: Q.Purge) -> None:
-        count = self._queue(m.queue).purge()
-        if not m.nowait:
-            self.connection.send_method(self.number, Q.PurgeOk(message_count=count))
-
-    def _on_queue_delete(self, m: Q.Delete) -> None:
-        count = self.vhost.delete_queue(m.queue or self.last_queue, bool(m.if_unused), bool(m.if_empty), self.connection)
-        if not m.nowait:
-            self.connection.send_method(self.number, Q.DeleteOk(message_count=count))
+        if not method.active:
+            raise errors.NotImplemented_("active=false")  # as RabbitMQ: it never stops a channel's deliveries
+        self.connection.send_method(self.number, commands.Channel.FlowOk(active=True))
 
     # -- teardown ---------------------------------------------------------------
 
@@ -405,6 +315,8 @@ class Channel:
             consumer.queue.remove_consumer(consumer)
         consumers = list(self.consumers.values())
         self.consumers.clear()
-        self._settle(self._take(0, True), True)
+        if self.tx is not None:
+            self.tx.rollback(self)  # what the transaction held goes back unsettled, then is requeued
+        self.settle(self._take(0, True), True)
         for consumer in consumers:
             self.vhost.consumer_gone(consumer.queue)

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 
 class Consumer:
-    __slots__ = ("channel", "exclusive", "no_ack", "prefetch", "queue", "tag", "tag_wire", "unacked")
+    __slots__ = ("channel", "exclusive", "no_ack", "position", "prefetch", "queue", "tag", "tag_wire", "unacked")
 
     def __init__(self, tag: str, channel: Channel, queue: Queue, no_ack: bool, exclusive: bool, prefetch: int) -> None:
         self.tag = tag
@@ -24,6 +24,7 @@ class Consumer:
         self.exclusive = exclusive
         self.prefetch = prefetch  # 0 = unlimited
         self.unacked = 0
+        self.position = 0  # next stream offset to read; unused on other queues
 
     def can_take(self) -> bool:
         channel = self.channel

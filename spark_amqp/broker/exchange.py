@@ -1,12 +1,15 @@
-"""Exchanges and how each type routes a message to queues."""
+"""Exchanges and how each type routes a message to its bound queues and exchanges."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 if TYPE_CHECKING:
     from .message import Message
     from .queue import Queue
+
+    # A binding's destination: a queue (of any type), or an exchange (exchange.bind).
+    Destination: TypeAlias = "Queue | Exchange"
 
 EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
 
@@ -14,12 +17,12 @@ EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
 class Binding:
     __slots__ = ("arguments", "queue", "routing_key")
 
-    def __init__(self, queue: Queue, routing_key: str, arguments: dict[str, Any]) -> None:
-        self.queue = queue
+    def __init__(self, queue: Destination, routing_key: str, arguments: dict[str, Any]) -> None:
+        self.queue = queue  # the destination, queue or exchange
         self.routing_key = routing_key
         self.arguments = arguments
 
-    def same_as(self, queue: Queue, routing_key: str, arguments: dict[str, Any]) -> bool:
+    def same_as(self, queue: Destination, routing_key: str, arguments: dict[str, Any]) -> bool:
         return self.queue is queue and self.routing_key == routing_key and self.arguments == arguments
 
 
@@ -41,15 +44,17 @@ class Exchange:
         self.arguments = arguments or {}
         self.bindings: list[Binding] = []
         # direct exchanges route on an exact key: index them for O(1) routing.
-        self._by_key: dict[str, list[Queue]] = {}
+        self._by_key: dict[str, list[Destination]] = {}
+        self.to_exchanges = 0  # bindings whose destination is an exchange: routing must follow them
 
-    def bind(self, queue: Queue, routing_key: str, arguments: dict[str, Any]) -> None:
+    def bind(self, queue: Destination, routing_key: str, arguments: dict[str, Any]) -> None:
         if any(b.same_as(queue, routing_key, arguments) for b in self.bindings):
             return
         self.bindings.append(Binding(queue, routing_key, arguments))
         self._by_key.setdefault(routing_key, []).append(queue)
+        self.to_exchanges += isinstance(queue, Exchange)
 
-    def unbind(self, queue: Queue, routing_key: str, arguments: dict[str, Any]) -> bool:
+    def unbind(self, queue: Destination, routing_key: str, arguments: dict[str, Any]) -> bool:
         for binding in self.bindings:
             if binding.same_as(queue, routing_key, arguments):
                 self.bindings.remove(binding)
@@ -57,7 +62,7 @@ class Exchange:
                 return True
         return False
 
-    def unbind_queue(self, queue: Queue) -> None:
+    def unbind_queue(self, queue: Destination) -> None:
         before = len(self.bindings)
         self.bindings = [b for b in self.bindings if b.queue is not queue]
         if len(self.bindings) != before:
@@ -67,8 +72,9 @@ class Exchange:
         self._by_key = {}
         for b in self.bindings:
             self._by_key.setdefault(b.routing_key, []).append(b.queue)
+        self.to_exchanges = sum(isinstance(b.queue, Exchange) for b in self.bindings)
 
-    def route(self, message: Message) -> list[Queue]:
+    def route(self, message: Message) -> list[Destination]:
         if self.kind == "direct":
             queues = self._by_key.get(message.routing_key)
             return _unique(queues) if queues else []
@@ -97,7 +103,7 @@ class Exchange:
         return None
 
 
-def _unique(queues: list[Queue]) -> list[Queue]:
+def _unique(queues: list[Destination]) -> list[Destination]:
     if len(queues) < 2:
         return list(queues)
     return list(dict.fromkeys(queues))

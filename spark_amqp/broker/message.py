@@ -62,10 +62,11 @@ def _find(parts: list[tuple[str, bytes]], name: str) -> bytes | None:
     return None
 
 
-def with_header_entries(header: bytes, update: dict[str, bytes], drop_expiration: bool = False) -> bytes:
+def with_header_entries(header: bytes, update: dict[str, bytes], drop_expiration: bool = False, sort_keys: bool = False) -> bytes:
     """Return ``header`` with entries of its headers table replaced or added.
 
     ``update`` maps header names to raw typed values (type byte + encoding).
+    A replaced entry moves to the end; ``sort_keys`` sorts the table by key bytes.
     Other properties and headers keep their exact encoding.
     """
     body_size = codec.header_body_size(header)
@@ -73,6 +74,8 @@ def with_header_entries(header: bytes, update: dict[str, bytes], drop_expiration
     raw_table = _find(parts, "headers")
     entries = codec.split_table(raw_table) if raw_table is not None else []
     entries = [(k, v) for k, v in entries if k not in update] + list(update.items())
+    if sort_keys:
+        entries.sort(key=lambda entry: entry[0].encode("utf-8"))
     new_parts: list[tuple[str, bytes]] = []
     placed = False
     for name, raw in parts:

@@ -68,6 +68,8 @@ def _non_negative(queue: str, args: dict[str, Any], key: str) -> int | None:
 
 
 class Queue:
+    is_stream = False
+
     def __init__(
         self,
         name: str,
@@ -101,6 +103,10 @@ class Queue:
     def message_count(self) -> int:
         self.expire_head()
         return len(self.ready)
+
+    @property
+    def consumer_count(self) -> int:
+        return len(self.consumers)
 
     # -- publishing -------------------------------------------------------
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
-from typing import Any
+from typing import Any, cast
 
 from .. import errors
 from .exchange import EXCHANGE_TYPES, Exchange
 from .message import Message, dead_letter_header
 from .queue import Queue
+from .stream import StreamQueue, is_stream
 
 SYSTEM_EXCHANGES = {
     "amq.direct": "direct",
@@ -47,7 +48,8 @@ class VirtualHost:
         if name.startswith("amq."):
             raise errors.AccessRefused(f"exchange name '{name}' contains reserved prefix 'amq.*'")
         if kind not in EXCHANGE_TYPES:
-            raise errors.CommandInvalid(f"invalid exchange type '{kind}'")
+            # RabbitMQ says "invalid" only for names that happen to be Erlang atoms it knows.
+            raise errors.CommandInvalid(f"unknown exchange type '{kind}'")
         existing = self.exchanges.get(name)
         if existing is not None:
             field = existing.equivalent(kind, durable, auto_delete, internal, arguments)
@@ -72,6 +74,10 @@ class VirtualHost:
         if if_unused and exchange.bindings:
             raise errors.PreconditionFailed(f"exchange '{name}' in vhost '{self.name}' in use")
         del self.exchanges[name]
+        for source in list(self.exchanges.values()):
+            if source.to_exchanges:
+                source.unbind_queue(exchange)
+                self._auto_delete_exchange(source)
 
     def exchange(self, name: str) -> Exchange:
         exchange = self.exchanges.get(name)
@@ -92,8 +98,10 @@ class VirtualHost:
         owner: object,
     ) -> Queue:
         if passive:
-            queue = self.queue(name, owner)
-            return queue
+            return self.queue(name, owner)
+        stream = is_stream(arguments)
+        if name == "" and stream:
+            raise errors.PreconditionFailed("Cannot declare a server-named queue for type rabbit_stream_queue")
         if name == "":
             name = "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
         elif name.startswith("amq."):
@@ -105,7 +113,11 @@ class VirtualHost:
             if mismatch is not None:
                 raise errors.PreconditionFailed(mismatch)
             return existing
-        queue = Queue(name, durable, owner if exclusive else None, auto_delete, arguments, self.dead_letter)
+        if stream:
+            # A StreamQueue answers every call the vhost, exchanges and channels make on a Queue.
+            queue = cast(Queue, StreamQueue(name, durable, exclusive, auto_delete, arguments))
+        else:
+            queue = Queue(name, durable, owner if exclusive else None, auto_delete, arguments, self.dead_letter)
         self.queues[name] = queue
         return queue
 
@@ -130,6 +142,21 @@ class VirtualHost:
         queue = self.queue(queue_name, owner)
         self.exchange(exchange_name).bind(queue, routing_key, arguments)
 
+    def bind_exchange(self, destination: str, source: str, routing_key: str, arguments: dict[str, Any]) -> None:
+        if destination == "" or source == "":
+            raise errors.AccessRefused("operation not permitted on the default exchange")
+        target = self.exchange(destination)
+        self.exchange(source).bind(target, routing_key, arguments)
+
+    def unbind_exchange(self, destination: str, source: str, routing_key: str, arguments: dict[str, Any]) -> None:
+        if destination == "" or source == "":
+            raise errors.AccessRefused("operation not permitted on the default exchange")
+        target, origin = self.exchanges.get(destination), self.exchanges.get(source)
+        if target is None or origin is None:
+            return  # as for queues, unbinding what is not there succeeds
+        origin.unbind(target, routing_key, arguments)
+        self._auto_delete_exchange(origin)
+
     def unbind(self, queue_name: str, exchange_name: str, routing_key: str, arguments: dict[str, Any], owner: object) -> None:
         if exchange_name == "":
             raise errors.AccessRefused("operation not permitted on the default exchange")
@@ -146,7 +173,7 @@ class VirtualHost:
         if queue is None:
             return 0
         self._check_owner(queue, owner)
-        if if_unused and queue.consumers:
+        if if_unused and queue.consumer_count:  # stream consumers do not count, as on RabbitMQ 3.10
             raise errors.PreconditionFailed(f"queue '{name}' in vhost '{self.name}' in use")
         if if_empty and queue.ready:
             raise errors.PreconditionFailed(f"queue '{name}' in vhost '{self.name}' not empty")
@@ -181,7 +208,25 @@ class VirtualHost:
         exchange = self.exchange(exchange_name)
         if exchange.internal:
             raise errors.AccessRefused(f"cannot publish to internal exchange '{exchange_name}' in vhost '{self.name}'")
-        return exchange.route(message)
+        return self._through(exchange, message)
+
+    @staticmethod
+    def _through(exchange: Exchange, message: Message) -> list[Queue]:
+        """The queues ``exchange`` routes to, following exchange-to-exchange bindings (each exchange once)."""
+        if not exchange.to_exchanges:
+            return exchange.route(message)  # type: ignore[return-value]
+        queues: dict[Any, None] = {}
+        seen = {exchange}
+        pending = [exchange]
+        while pending:
+            for destination in pending.pop().route(message):
+                if isinstance(destination, Exchange):
+                    if destination not in seen:
+                        seen.add(destination)
+                        pending.append(destination)
+                else:
+                    queues[destination] = None
+        return list(queues)
 
     def dead_letter(self, queue: Queue, message: Message, reason: str) -> None:
         dlx = queue.args.dead_letter_exchange
@@ -193,7 +238,7 @@ class VirtualHost:
         routing_key = queue.args.dead_letter_routing_key or message.routing_key
         dead = Message(dlx, routing_key, dead_letter_header(message, queue.name, reason), message.body)
         # Route with the original message's exchange/key recorded in x-death.
-        targets = self.route(dlx, dead) if exchange is None or not exchange.internal else exchange.route(dead)
+        targets = self.route(dlx, dead) if exchange is None or not exchange.internal else self._through(exchange, dead)
         loop_time = asyncio.get_running_loop().time()
         for target in targets:
             if target is queue and reason == "expired":
@@ -206,7 +251,7 @@ class VirtualHost:
         queue = self.queues.get(name)
         if queue is None:
             raise KeyError(name)
-        return {"ready": queue.message_count, "unacked": queue.unacked, "consumers": len(queue.consumers)}
+        return {"ready": queue.message_count, "unacked": queue.unacked, "consumers": len(queue.consumers)}  # every consumer, streams too
 
 
 def _fmt(value: Any) -> str:
