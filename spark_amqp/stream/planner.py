@@ -19,13 +19,11 @@ from ..stream_options import StreamSourceOptions
 from . import probe
 from .offset import UNSET, StreamOffset
 from .ranges import StreamRange, limit_ends, split
+from .tails import TailWatch
 
 log = logging.getLogger("spark_amqp.stream")
 
 BACKLOG_INTERVAL = 1.0  # at most one round of probes a second for the progress report
-# Spark polls an idle source every ~10 ms; an end at most this old is still a safe end
-# (it only delays what arrived since), and it keeps idle probing to ten a second.
-PROBE_INTERVAL = 0.1
 
 
 class StreamPlanner:
@@ -36,8 +34,7 @@ class StreamPlanner:
         self.available_now: dict[str, int] | None = None
         self._backlog: dict[str, Any] | None = None
         self._backlog_at = -BACKLOG_INTERVAL
-        self._ends: dict[str, int] = {}
-        self._ends_at = -PROBE_INTERVAL
+        self.tails = TailWatch()
         # PySpark 4.0/4.1 call latestOffset() without the batch's start: the last end this
         # process returned or was handed (a restart begins with partitions(x, x) of the newest
         # logged offset) stands in for it.
@@ -70,7 +67,7 @@ class StreamPlanner:
             log.info("AMQP source: streams start at %s", fixed)
             return StreamOffset.of({**origin.as_dict(), **fixed})
         starts = {s: origin.get(s) for s in self.options.streams}
-        ends = self.ends(PROBE_INTERVAL)
+        ends = self.ends()
         for stream in self.options.streams:
             if ends[stream] < starts[stream]:
                 raise AmqpSourceError(
@@ -120,17 +117,10 @@ class StreamPlanner:
 
     # -- the broker --------------------------------------------------------------------
 
-    def ends(self, max_age: float = 0.0) -> dict[str, int]:
-        """Per stream, the offset after its last message (0 for an empty stream), measured at most ``max_age`` ago."""
-        now = time.monotonic()
-        if now - self._ends_at < max_age:
-            return dict(self._ends)
-        ends = {}
-        for stream in self.options.streams:
-            last = self.client.run(lambda c, s=stream: probe.tail(c, s), f"stream '{stream}'")  # type: ignore[misc]
-            ends[stream] = 0 if last is None else last + 1
-        self._ends, self._ends_at = ends, now
-        return dict(ends)
+    def ends(self) -> dict[str, int]:
+        """Per stream, the offset after its last message (0 for an empty stream)."""
+        tails = self.tails
+        return {s: self.client.run(lambda c, s=s: tails.end(c, s), f"stream '{s}'") for s in self.options.streams}  # type: ignore[misc]
 
     def _fixed_start(self, stream: str, end: int) -> int:
         start = self.options.start_of(stream)

@@ -298,3 +298,18 @@ def test_without_a_start_the_planner_goes_on_from_its_last_end(amqp_url: str, na
     assert restarted.partitions({s: 20}, {s: 20}) == []
     publish(amqp_url, s, 30, 5)
     assert wait_for(lambda: restarted.latest_offset(None, None, True) == StreamOffset.of({s: 30}), timeout=10)
+
+
+def test_an_idle_stream_is_not_probed_again_until_something_is_written(amqp_url: str, names, planners) -> None:  # type: ignore[no-untyped-def]
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    publish(amqp_url, s, 0, 20)
+    p = planner(planners, options(amqp_url, s))
+    assert p.ends() == {s: 20}
+    probes = p.tails.probes
+    for _ in range(50):  # Spark polls an idle source about every 10 ms
+        assert p.latest_offset({s: 20}, None, True) == StreamOffset.of({s: 20})
+    assert p.tails.probes == probes
+    publish(amqp_url, s, 20, 5)
+    assert latest(p, {s: 20}, {s: 25})
+    assert p.tails.probes == probes + 1
