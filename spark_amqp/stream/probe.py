@@ -1,15 +1,15 @@
 """A stream's ends, asked of the broker without reading its data.
 
-RabbitMQ 3.10 (measured, see ARCHITECTURE.md) delivers exactly the stream's
-last message to a consumer that starts at ``last``, and sends deliveries for
-data already in the stream before its ``basic.cancel-ok``. So one consumer
-with prefetch 1 that starts at ``last`` and is cancelled at once tells where
-the stream ends: one message crosses the network whatever the stream holds.
+RabbitMQ 3.10 (measured, see ARCHITECTURE.md) sends a consumer that starts at
+``last`` the stream's whole last chunk, whatever its prefetch, and sends it
+before the ``basic.cancel-ok`` of a cancel made right after ``consume-ok``.
+So one consumer with prefetch 1 that starts at ``last`` and is cancelled at
+once tells where the stream ends, for one chunk on the wire whatever the
+stream holds (``tails`` keeps even that for when something was written).
 ``first`` and a timestamp work the same way for where the stream (or the
-data since then) begins. A queue that is not a stream shows itself by a
-delivery without an ``x-stream-offset`` header; that delivery is never acked,
-so the broker puts it back.
-"""
+data since then) begins. Other queue types refuse the ``x-stream-offset``
+argument (406), and a delivery without an ``x-stream-offset`` header is
+refused as well, never acked."""
 
 from __future__ import annotations
 

@@ -29,7 +29,9 @@ from ..broker.helpers import wait_for
 from ..brokers import counts, drop_source_connections
 from ..conftest import EMBEDDED_STREAMS, REAL_URL, NameFactory
 
-pytestmark = pytest.mark.spark
+# Each test starts several Spark jobs; on a loaded 2-core machine one can take minutes. The
+# waits below add up to less than this (at most 3 x 200 + 2 x 182 + 120 + 300 + 30 s).
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(1800)]
 
 JOB = Path(__file__).with_name("crash_job.py")
 ROOT = JOB.parent.parent.parent
@@ -130,9 +132,9 @@ def _last_delta_batch(table: Path) -> int | None:
 
 
 def _kill_between_delta_commit_and_commit_log(url: str, queue: str, work: Path, journal: bool) -> None:
-    for _attempt in range(4):
+    for _attempt in range(3):
         job = Job(url, queue, work, journal, "--kill-after-delta-commit")
-        code = job.wait(240)
+        code = job.wait(200)
         assert code == -signal.SIGKILL, job.output()[-3000:]
         batch = _last_delta_batch(work / "table")
         if batch is not None and not (work / "checkpoint" / "commits" / str(batch)).exists():
