@@ -7,8 +7,15 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 JARS_DIR := .cache/jars
 JARS_STAMP := $(JARS_DIR)/.stamp
+# The other PySpark lines the Spark tests run on (.venv is the pinned one, conf/constraints.txt).
+PYSPARK_LINES := 4.0 4.1
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+WHEEL := dist/spark_amqp-$(VERSION)-py3-none-any.whl
+SOURCES := pyproject.toml README.md pyspark_amqp.py $(shell find spark_amqp -name '*.py' -o -name py.typed)
+# `make broker` listens here, not on 5672, so it never collides with a local RabbitMQ.
+BROKER_PORT ?= 5673
 
-.PHONY: install jars test lint demo bench broker clean
+.PHONY: install jars wheel test test-matrix $(PYSPARK_LINES:%=test-pyspark%) lint demo bench broker clean
 
 $(STAMP): pyproject.toml conf/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +24,35 @@ $(STAMP): pyproject.toml conf/constraints.txt
 	touch $(STAMP)
 
 install: $(STAMP)
+
+## The wheel users install (pip's standard PEP 517 build).
+$(WHEEL): $(STAMP) $(SOURCES)
+	rm -rf build
+	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist .
+
+wheel: $(WHEEL)
+
+## A venv per PySpark line: first an "existing PySpark environment" from its constraints
+## file, then the wheel installed into it as a user would, which must leave PySpark as it
+## was. A wheel (not an editable install) is what Spark's workers and its module scan see.
+.venv-pyspark%/.pyspark: conf/constraints-pyspark%.txt
+	rm -rf .venv-pyspark$*
+	$(PYTHON) -m venv .venv-pyspark$*
+	.venv-pyspark$*/bin/python -m pip install --quiet --upgrade pip
+	.venv-pyspark$*/bin/python -m pip install --quiet -c $< "pyspark[connect]" pika pytest pytest-timeout
+	touch $@
+
+# Stamps, not intermediates: make must not delete them (and rebuild the venv) after a run.
+.PRECIOUS: .venv-pyspark%/.pyspark .venv-pyspark%/.wheel
+
+.venv-pyspark%/.wheel: .venv-pyspark%/.pyspark $(WHEEL)
+	@before=$$(.venv-pyspark$*/bin/python -m pip show pyspark | sed -n 's/^Version: //p'); \
+	.venv-pyspark$*/bin/python -m pip install --quiet $(WHEEL) && \
+	.venv-pyspark$*/bin/python -m pip install --quiet --no-deps --force-reinstall $(WHEEL) && \
+	after=$$(.venv-pyspark$*/bin/python -m pip show pyspark | sed -n 's/^Version: //p'); \
+	echo "$(WHEEL) installed into .venv-pyspark$*: PySpark $$before before, $$after after"; \
+	test "$$before" = "$$after"
+	touch $@
 
 ## Delta Lake's jars for local Spark sessions (examples/sparkenv.py): Spark's own
 ## resolver (spark.jars.packages) is not used, Maven copies them once.
@@ -33,6 +69,13 @@ jars: $(JARS_STAMP)
 test: $(STAMP) $(JARS_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+## The Spark tests on another PySpark line (tests marked `delta` need the pinned one).
+$(PYSPARK_LINES:%=test-pyspark%): test-pyspark%: .venv-pyspark%/.wheel
+	.venv-pyspark$*/bin/python -m pytest tests/spark -m "spark and not delta" $(PYTEST_ARGS)
+
+## The Spark tests on every other PySpark line; `make test` covers the pinned one.
+test-matrix: $(PYSPARK_LINES:%=test-pyspark%)
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -42,9 +85,9 @@ lint: $(STAMP)
 demo: $(STAMP) $(JARS_STAMP)
 	$(PY) examples/amqp_to_delta.py $(DEMO_ARGS)
 
-## Start a standalone embedded broker on 127.0.0.1:5672.
+## Start a standalone embedded broker on 127.0.0.1:$(BROKER_PORT) (not RabbitMQ's 5672).
 broker: $(STAMP)
-	$(PY) -m spark_amqp.broker
+	$(PY) -m spark_amqp.broker --port $(BROKER_PORT)
 
 bench: $(STAMP) $(JARS_STAMP)
 	$(PY) benchmarks/broker_throughput.py
@@ -52,4 +95,4 @@ bench: $(STAMP) $(JARS_STAMP)
 	$(PY) benchmarks/sink_throughput.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(PYSPARK_LINES:%=.venv-pyspark%) build dist .pytest_cache .mypy_cache .ruff_cache

@@ -20,6 +20,9 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 JARS_ENV = "SPARK_AMQP_JARS"
+# The Spark line conf/delta/pom.xml fetches Delta for (delta-spark_4.2_2.13). Sessions on
+# other PySpark lines (the test matrix) run without Delta.
+DELTA_SPARK_LINE = "4.2"
 DEFAULT_JARS_DIR = Path(__file__).resolve().parent.parent / ".cache" / "jars"
 
 DELTA_SQL_CONF = {
@@ -56,6 +59,11 @@ def delta_jars() -> list[str]:
             f"(needs Maven), or point {JARS_ENV} at a folder with delta-spark and its dependencies"
         )
     return jars
+
+
+def has_delta_jars_for(pyspark_version: str) -> bool:
+    """Whether the jars ``make jars`` fetches are for this PySpark's line (e.g. ``"4.2.0"``)."""
+    return pyspark_version.startswith(DELTA_SPARK_LINE + ".")
 
 
 def delta_conf() -> dict[str, str]:

@@ -112,12 +112,16 @@ def spark():  # type: ignore[no-untyped-def]
 
     os.environ["PYSPARK_PYTHON"] = sys.executable  # workers need pyarrow and spark_amqp
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    import pyspark
     from pyspark.sql import SparkSession
+
+    # Delta's jars are for the pinned PySpark; other lines (make test-matrix) skip the `delta` tests.
+    delta = sparkenv.has_delta_jars_for(pyspark.__version__)
 
     session = (
         SparkSession.builder.master("local[2,3]")  # 3 task attempts, as on a cluster
         .appName("spark-amqp-tests")
-        .config(map=sparkenv.delta_conf())  # Delta's jars, SQL extension and catalog
+        .config(map=sparkenv.delta_conf() if delta else sparkenv.LOCAL_CONF)  # Delta's jars, SQL extension and catalog
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.session.timeZone", "UTC")

@@ -31,7 +31,7 @@ from ..conftest import EMBEDDED_STREAMS, REAL_URL, NameFactory
 
 # Each test starts several Spark jobs; on a loaded 2-core machine one can take minutes. The
 # waits below add up to less than this (at most 3 x 200 + 2 x 182 + 120 + 300 + 30 s).
-pytestmark = [pytest.mark.spark, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.spark, pytest.mark.delta, pytest.mark.timeout(1800)]
 
 JOB = Path(__file__).with_name("crash_job.py")
 ROOT = JOB.parent.parent.parent

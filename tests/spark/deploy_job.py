@@ -1,0 +1,107 @@
+"""One round trip through ``format("amqp")`` on a Spark that is not the shared local session.
+
+    deploy_job.py --mode connect|local-cluster [--register] --uri URL --password PW \\
+        --in-queue Q --out-queue Q --messages N --work DIR
+
+Reads ``--in-queue`` into parquet (``<work>/out``) with an AvailableNow query, then
+writes N rows with ``df.write.format("amqp")`` to ``--out-queue``. ``connect`` runs
+a local Spark Connect server (``builder.remote("local[2]")``); ``local-cluster``
+runs a master and two workers whose executors are separate JVMs, and records next
+to every row the JVM pid of the Python worker that handled it. Each needs a process of its
+own: a process holds one SparkContext, and a local Connect server cannot start
+beside a classic session (SESSION_ALREADY_EXIST).
+
+With ``--register`` the module scan that Spark's auto-registration runs is made
+blind to ``pyspark_amqp`` (see ``hidden/sitecustomize.py``): the job checks that
+``format("amqp")`` is then not found, calls ``spark_amqp.register(spark)``, and
+goes on. Prints ``DONE`` at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def executor_jvm_pid() -> int:
+    """The pid of the JVM that started this Python worker (its nearest ``java`` ancestor)."""
+    pid = os.getpid()
+    while pid > 1:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        pid = int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state is the parent pid
+        if Path(f"/proc/{pid}/comm").read_text().strip() == "java":
+            return pid
+    return -1
+
+
+def session(mode: str):  # type: ignore[no-untyped-def]
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(f"spark-amqp {mode}").config("spark.ui.enabled", "false")
+    builder = builder.config("spark.sql.shuffle.partitions", "2").config("spark.sql.session.timeZone", "UTC")
+    if mode == "connect":
+        return builder.remote("local[2]").getOrCreate()
+    # Two workers of one core and 1 GiB each: executors in JVMs of their own, on loopback.
+    return builder.master("local-cluster[2,1,1024]").config("spark.driver.host", "127.0.0.1").getOrCreate()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mode", choices=["connect", "local-cluster"], required=True)
+    parser.add_argument("--register", action="store_true")
+    for name in ("--uri", "--password", "--in-queue", "--out-queue", "--work"):
+        parser.add_argument(name, required=True)
+    parser.add_argument("--messages", type=int, required=True)
+    args = parser.parse_args()
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    work = Path(args.work)
+
+    spark = session(args.mode)
+    amqp = {"uri": args.uri, "password": args.password}
+
+    if args.register:
+        try:
+            spark.read.format("amqp").options(**amqp, queue=args.in_queue).load().schema  # noqa: B018
+        except Exception as e:
+            assert "DATA_SOURCE_NOT_FOUND" in str(e), e
+            print("NOT FOUND before register", flush=True)
+        else:
+            raise AssertionError("format('amqp') was found although the module scan cannot see pyspark_amqp")
+        import spark_amqp
+
+        spark_amqp.register(spark)
+
+    stream = spark.readStream.format("amqp").options(**amqp, queue=args.in_queue).load()
+    if args.mode == "local-cluster":
+        from pyspark.sql import functions as F
+
+        stream = stream.withColumn("jvm", F.udf(executor_jvm_pid, "int")())
+    query = (
+        stream.writeStream.format("parquet")
+        .option("path", str(work / "out"))
+        .option("checkpointLocation", str(work / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(240), "the AvailableNow query did not finish"
+    assert query.exception() is None, query.exception()
+
+    rows = spark.range(args.messages).selectExpr("cast(id as string) as body", "concat('w', id) as message_id").repartition(2)
+    rows.write.format("amqp").options(**amqp, routingKey=args.out_queue).mode("append").save()
+
+    info = {"mode": args.mode}
+    if args.mode == "local-cluster":
+        sc = spark.sparkContext
+        info["driver_jvm"] = sc._jvm.java.lang.ProcessHandle.current().pid()
+        info["executors"] = sc._jsc.sc().getExecutorMemoryStatus().size() - 1
+    (work / "info.json").write_text(json.dumps(info))
+    spark.stop()
+    print("DONE", flush=True)
+
+
+if __name__ == "__main__":
+    main()
