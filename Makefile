@@ -20,7 +20,7 @@ BROKER_PORT ?= 5673
 $(STAMP): pyproject.toml conf/constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c conf/constraints.txt --config-settings editable_mode=compat -e ".[test]"
+	$(PY) -m pip install --quiet -c conf/constraints.txt -e ".[test]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -3,18 +3,22 @@
     make demo            # or: python examples/amqp_to_delta.py [--messages N] [--uri amqp://...] [--no-journal]
 
 Starts the bundled broker (unless --uri points at a real RabbitMQ), publishes
-sample order events with message ids while a Structured Streaming query reads
-them with ``format("amqp")`` and appends them to a Delta table with a
-checkpoint and a batch journal (``journalLocation``: what makes a replayed
-batch identical, so the table gets every message exactly once). Prints
-progress every second (rows/s and backlog) and ends with a summary that checks
-every order is in the table exactly once and the queue was left empty with
-nothing unacknowledged.
+sample order events with message ids in the background (the connector's own
+publisher: a window of 1000 unconfirmed messages, tens of thousands a second, so
+a backlog builds up at once) while a Structured Streaming query reads them with
+``format("amqp")`` and appends them to a Delta table with a checkpoint and a
+batch journal (``journalLocation``: what makes a replayed batch identical, so the
+table gets every message exactly once). Prints progress every second (the
+connector's read rate and the backlog going down) and ends with a summary that
+checks every order is in the table exactly once and the queue was left empty
+with nothing unacknowledged. On a real broker the password goes to Spark as the
+``password`` option, never inside the uri, and the demo deletes its queue at the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import random
@@ -22,8 +26,11 @@ import shutil
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from urllib.parse import urlsplit, urlunsplit
 
 import pika
+import pyarrow as pa
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -32,35 +39,60 @@ from pyspark.sql.streaming import StreamingQueryListener
 from sparkenv import local_spark
 
 from spark_amqp.broker import EmbeddedBroker
+from spark_amqp.options import parse_sink_options
+from spark_amqp.sink.columns import MessageBuilder
+from spark_amqp.sink.publisher import PartitionPublisher
 
 QUEUE = "demo.orders"
 ORDER_SCHEMA = "order_id STRING, customer STRING, amount DOUBLE, currency STRING"
 
 
-def publish_orders(url: str, count: int, stop: threading.Event, sent: list[int]) -> None:
-    """Publishes ``count`` JSON orders with message ids, in bursts, with confirms."""
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    ch = conn.channel()
-    ch.queue_declare(QUEUE, durable=True)
-    ch.confirm_delivery()
+def publish_orders(url: str, count: int, stop: threading.Event, sent: list[int], failed: list[BaseException]) -> None:
+    """Publishes ``count`` JSON orders with message ids as fast as the broker confirms them.
+
+    With the connector's own publisher (the sink's): persistent messages, up to 1000
+    unconfirmed at a time; ``sent[0]`` counts what was handed to it. A nack or a lost
+    connection ends up in ``failed``.
+    """
+    options = parse_sink_options({"uri": url, "routingKey": QUEUE, "maxInFlight": "1000"})
+    builder = MessageBuilder(options)
     rng = random.Random(42)
-    for i in range(count):
-        if stop.is_set():
-            break
-        order = {
-            "order_id": f"o-{i:07d}",
-            "customer": f"c-{rng.randrange(500):03d}",
-            "amount": round(rng.uniform(1, 500), 2),
-            "currency": "EUR",
-        }
-        props = pika.BasicProperties(
-            message_id=order["order_id"], content_type="application/json", delivery_mode=2, timestamp=int(time.time())
-        )
-        ch.basic_publish("", QUEUE, json.dumps(order).encode(), props)
-        sent[0] = i + 1
-        if i % 1000 == 999:
-            time.sleep(0.2)  # about 5k messages/s in bursts, so progress is visible
-    conn.close()
+
+    def batches(size: int = 2000) -> Iterator[pa.RecordBatch]:
+        for first in range(0, count, size):
+            if stop.is_set():
+                return
+            ids = [f"o-{i:07d}" for i in range(first, min(first + size, count))]
+            orders = [
+                {"order_id": i, "customer": f"c-{rng.randrange(500):03d}", "amount": round(rng.uniform(1, 500), 2), "currency": "EUR"}
+                for i in ids
+            ]
+            now = int(time.time())
+            batch = pa.record_batch(
+                {
+                    "body": [json.dumps(o).encode() for o in orders],
+                    "message_id": ids,
+                    "content_type": ["application/json"] * len(ids),
+                    "timestamp": [now] * len(ids),
+                }
+            )
+            yield builder.messages(batch)
+            sent[0] = first + len(ids)  # the batch before this one is all out (not all confirmed yet)
+
+    try:
+        asyncio.run(PartitionPublisher(options).publish(batches(), "demo publisher"))
+    except BaseException as err:  # shown by the main loop
+        failed.append(err)
+
+
+def without_password(url: str) -> tuple[str, str | None]:
+    """The uri without its password, and the password (Spark gets it as the 'password' option)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url, None
+    host = parts.hostname or ""
+    netloc = f"{parts.username}@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc)), parts.password
 
 
 def queue_depth(url: str) -> int:
@@ -71,12 +103,32 @@ def queue_depth(url: str) -> int:
         conn.close()
 
 
+def declare_queue(url: str, fresh: bool) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        ch = conn.channel()
+        if fresh:
+            ch.queue_delete(QUEUE)  # a real broker may hold one from an earlier run
+        ch.queue_declare(QUEUE, durable=True)
+    finally:
+        conn.close()
+
+
+def delete_queue(url: str) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        conn.channel().queue_delete(QUEUE)
+    finally:
+        conn.close()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--uri", help="a real broker instead of the embedded one, e.g. amqp://guest:guest@127.0.0.1:5672/%%2F")
     parser.add_argument("--output", default="demo-output", help="the Delta table, checkpoint and journal go here")
     parser.add_argument("--no-journal", action="store_true", help="at-least-once: no batch journal")
+    parser.add_argument("--max-messages-per-trigger", type=int, default=20_000)
     parser.add_argument("--timeout", type=float, default=300)
     args = parser.parse_args()
 
@@ -86,6 +138,13 @@ def main() -> int:
     table_path = os.path.join(args.output, "orders")
     print(f"spark-amqp: {args.messages} orders from {where} into the Delta table {table_path}", flush=True)
     shutil.rmtree(args.output, ignore_errors=True)
+    declare_queue(url, fresh=broker is None)
+
+    # The publisher starts first: while Spark starts (about 10 s) a backlog builds up.
+    stop = threading.Event()
+    sent, failed = [0], []  # type: ignore[var-annotated]
+    producer = threading.Thread(target=publish_orders, args=(url, args.messages, stop, sent, failed), daemon=True)
+    producer.start()
 
     spark = local_spark(
         "spark-amqp amqp_to_delta",
@@ -97,14 +156,15 @@ def main() -> int:
     )
     spark.sparkContext.setLogLevel("ERROR")
 
-    stop = threading.Event()
-    sent = [0]
-    producer = threading.Thread(target=publish_orders, args=(url, args.messages, stop, sent), daemon=True)
-    producer.start()
-    while sent[0] == 0 and producer.is_alive():
-        time.sleep(0.05)
-
-    source = spark.readStream.format("amqp").option("uri", url).option("queue", QUEUE).option("maxMessagesPerTrigger", "5000")
+    uri, password = without_password(url)
+    source = (
+        spark.readStream.format("amqp")
+        .option("uri", uri)  # no password in it: Spark prints option values, but redacts 'password'
+        .option("queue", QUEUE)
+        .option("maxMessagesPerTrigger", str(args.max_messages_per_trigger))
+    )
+    if password is not None:
+        source = source.option("password", password)
     if not args.no_journal:
         # Durable storage next to the checkpoint; one journal per query.
         source = source.option("journalLocation", os.path.join(args.output, "_journal"))
@@ -123,23 +183,20 @@ def main() -> int:
     )
 
     started = time.monotonic()
-    written = 0
-    last_written, last_time = 0, started
     try:
         while True:
             time.sleep(1)
             written = counter.rows
             now = time.monotonic()
-            rate = (written - last_written) / (now - last_time)
-            last_written, last_time = written, now
-            queued = queue_depth(url)
             print(
-                f"  {now - started:5.1f}s  published {sent[0]:>7}  written {written:>7}  {rate:8.0f} rows/s  "
-                f"backlog {sent[0] - written:>7} (ready in the queue {queued})",
+                f"  {now - started:5.1f}s  published {sent[0]:>7}  written {written:>7}  "
+                f"read {counter.steady_rate():6.0f} rows/s (last batch {counter.last_rows:>6} rows)  backlog {backlog(query, url)}",
                 flush=True,
             )
             if query.exception() is not None:
                 raise RuntimeError(query.exception())
+            if failed:
+                raise RuntimeError(f"the demo's publisher failed: {failed[0]}")
             if not producer.is_alive() and written >= sent[0]:
                 break
             if now - started > args.timeout:
@@ -156,28 +213,64 @@ def main() -> int:
     elapsed = time.monotonic() - started
     print("summary:")
     print(f"  published {sent[0]}, written {total} rows, {distinct} distinct order ids, duplicates {total - distinct}")
-    print(f"  {elapsed:.1f}s end to end, {total / elapsed:.0f} rows/s including query start-up")
+    print(
+        f"  read rate into Delta: {counter.steady_rate():.0f} rows/s steady (every batch after the first, which waits for "
+        f"the query's start-up), {counter.batches} batches; {total / elapsed:.0f} rows/s including query start-up ({elapsed:.1f}s)"
+    )
     print(f"  left in the queue after the query stopped: {left} (0 means every message was acknowledged)")
     table.groupBy("currency").agg(F.count("*").alias("orders"), F.round(F.sum("amount"), 2).alias("total")).show()
     spark.stop()
     if broker is not None:
         broker.stop()
+    else:
+        delete_queue(url)
+        print(f"  deleted the queue {QUEUE} on RabbitMQ")
     ok = total == sent[0] == distinct and left == 0
     print("OK: every order exactly once, queue empty" if ok else "FAILED", flush=True)
     return 0 if ok else 1
 
 
+def backlog(query, url: str) -> str:  # type: ignore[no-untyped-def]
+    """What is left to read: the source's own report on PySpark 4.2+ (ready on the broker plus
+    prefetched, README "Backlog in the query's progress"), else the queue's ready count."""
+    progress = query.lastProgress
+    latest = progress.sources[0].latestOffset if progress is not None and progress.sources else None
+    if latest:
+        entry = json.loads(latest)[QUEUE]
+        return f"{entry['ready'] + entry['prefetched']} (source)"
+    return f"{queue_depth(url)} (ready)"
+
+
 class RowCounter(StreamingQueryListener):
-    """Counts rows over every batch (recentProgress keeps only the last 100)."""
+    """Counts rows over every batch (recentProgress keeps only the last 100) and the time the batches took."""
 
     def __init__(self) -> None:
         self.rows = 0
+        self.batches = 0
+        self.last_rows = 0
+        self.first_rows = 0
+        self.first_end: float | None = None
+        self.last_end: float | None = None
+
+    def steady_rate(self) -> float:
+        """Rows per second from the end of the first batch to the end of the last one."""
+        if self.first_end is None or self.last_end is None or self.last_end <= self.first_end:
+            return 0.0
+        return (self.rows - self.first_rows) / (self.last_end - self.first_end)
 
     def onQueryStarted(self, event) -> None:  # type: ignore[no-untyped-def]
         pass
 
     def onQueryProgress(self, event) -> None:  # type: ignore[no-untyped-def]
-        self.rows += event.progress.numInputRows
+        progress = event.progress
+        if not progress.numInputRows:
+            return
+        self.last_end = time.monotonic()
+        self.rows += progress.numInputRows
+        self.last_rows = progress.numInputRows
+        self.batches += 1
+        if self.first_end is None:
+            self.first_end, self.first_rows = self.last_end, self.rows
 
     def onQueryIdle(self, event) -> None:  # type: ignore[no-untyped-def]
         pass

@@ -3,7 +3,9 @@
     deploy_job.py --mode connect|local-cluster [--register] --uri URL --password PW \\
         --in-queue Q --out-queue Q --messages N --work DIR
 
-Reads ``--in-queue`` into parquet (``<work>/out``) with an AvailableNow query, then
+Reads ``--in-queue`` into parquet (``<work>/out``) to its end, as the Databricks example
+does (``examples/databricks/amqp_to_delta_job.py``: an AvailableNow run on Spark 4.2+,
+processing-time batches stopped once the queue is drained on 4.0/4.1), then
 writes N rows with ``df.write.format("amqp")`` to ``--out-queue``. ``connect`` runs
 a local Spark Connect server (``builder.remote("local[2]")``); ``local-cluster``
 runs a master and two workers whose executors are separate JVMs, and records next
@@ -20,10 +22,22 @@ goes on. Prints ``DONE`` at the end.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
 from pathlib import Path
+
+DATABRICKS_JOB = Path(__file__).resolve().parents[2] / "examples" / "databricks" / "amqp_to_delta_job.py"
+
+
+def databricks_job():  # type: ignore[no-untyped-def]
+    """The Databricks example's module (its drain loop), loaded from its file."""
+    spec = importlib.util.spec_from_file_location("amqp_to_delta_job", DATABRICKS_JOB)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def executor_jvm_pid() -> int:
@@ -80,15 +94,17 @@ def main() -> None:
         from pyspark.sql import functions as F
 
         stream = stream.withColumn("jvm", F.udf(executor_jvm_pid, "int")())
-    query = (
-        stream.writeStream.format("parquet")
-        .option("path", str(work / "out"))
-        .option("checkpointLocation", str(work / "checkpoint"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    assert query.awaitTermination(240), "the AvailableNow query did not finish"
-    assert query.exception() is None, query.exception()
+    writer = stream.writeStream.format("parquet").option("path", str(work / "out")).option("checkpointLocation", str(work / "checkpoint"))
+    job = databricks_job()
+    if job.available_now_drains(spark.version):
+        query = writer.trigger(availableNow=True).start()
+        assert query.awaitTermination(240), "the AvailableNow query did not finish"
+        assert query.exception() is None, query.exception()
+    else:
+        spark.conf.set("spark.sql.streaming.noDataProgressEventInterval", "1s")
+        query = writer.trigger(processingTime="1 second").start()
+        job.drain_with_batches(query, lambda: job.ready_messages({**amqp, "queue": args.in_queue}), poll_seconds=0.5)
+    print(f"Spark {spark.version}: read {sum(job.input_rows(p) for p in query.recentProgress)} rows", flush=True)
 
     rows = spark.range(args.messages).selectExpr("cast(id as string) as body", "concat('w', id) as message_id").repartition(2)
     rows.write.format("amqp").options(**amqp, routingKey=args.out_queue).mode("append").save()

@@ -9,7 +9,8 @@ import pytest
 from spark_amqp.broker import EmbeddedBroker
 
 from ..broker.helpers import connect, drain, wait_for
-from ..brokers import publish
+from ..brokers import counts, publish
+from .triggers import run_to_the_end
 
 pytestmark = pytest.mark.spark
 
@@ -34,20 +35,18 @@ def test_batch_write_round_trip(spark, amqp_url: str, names) -> None:  # type: i
     assert p.timestamp == 1700000042 and p.headers == {"n": 42, "even": 0} and p.delivery_mode == 2
 
 
-def test_source_dataframe_written_back_as_it_is(spark, amqp_url: str, names, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_source_dataframe_written_back_as_it_is(spark, amqp_url: str, names, embedded_or_none, tmp_path) -> None:  # type: ignore[no-untyped-def]
     src, dst = names.queue(), names.queue()
     publish(amqp_url, src, [b"m%d" % i for i in range(30)], message_id=lambda i: f"id{i}", headers={"h": "v"})
     publish(amqp_url, dst, [])
     stream = spark.readStream.format("amqp").option("uri", amqp_url).option("queue", src).load().drop("routing_key")
-    query = (
+    writer = (
         stream.writeStream.format("amqp")
         .option("uri", amqp_url)
         .option("routingKey", dst)
         .option("checkpointLocation", str(tmp_path / "c"))
-        .trigger(availableNow=True)
-        .start()
     )
-    assert query.awaitTermination(180) and query.exception() is None
+    run_to_the_end(writer, lambda: counts(amqp_url, dst, embedded_or_none) == (30, 0) and counts(amqp_url, src, embedded_or_none) == (0, 0))
     got = drain(connect(amqp_url).channel(), dst, limit=100)
     assert sorted(p.message_id for _, p, _ in got) == sorted(f"id{i}" for i in range(30))
     assert all(p.headers == {"h": "v"} for _, p, _ in got)

@@ -9,7 +9,6 @@ import threading
 import time
 
 import pika
-import pyspark
 import pytest
 
 from spark_amqp.broker import EmbeddedBroker
@@ -17,9 +16,10 @@ from spark_amqp.source.arrow import SCHEMA_DDL
 
 from ..broker.helpers import wait_for
 from ..brokers import counts, publish
+from .triggers import AVAILABLE_NOW_DRAINS, PYSPARK_LINE, run_to_the_end
 
 pytestmark = pytest.mark.spark
-PYSPARK_REPORTS_BACKLOG = tuple(int(p) for p in pyspark.__version__.split(".")[:2]) >= (4, 2)
+PYSPARK_REPORTS_BACKLOG = PYSPARK_LINE >= (4, 2)
 
 
 def _stream(spark, url: str, queue: str, **options: object):  # type: ignore[no-untyped-def]
@@ -67,11 +67,9 @@ def test_round_trip_exactly_n_rows_and_every_field(spark, amqp_url: str, names, 
 
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
     df = _stream(spark, amqp_url, q, maxMessagesPerTrigger=120)
-    query = (
-        df.writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start()
-    )
-    assert query.awaitTermination(180)
-    assert query.exception() is None
+    writer = df.writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(ckpt))
+    # The last batch is acked too (an AvailableNow run's is never committed by Spark).
+    run_to_the_end(writer, lambda: len(_rows(spark, out)) >= 300 and counts(amqp_url, q, embedded_or_none) == (0, 0))
     all_rows = _rows(spark, out)
     rows = {r["message_id"]: r for r in all_rows}
     assert len(all_rows) == 300 and len(rows) == 300
@@ -95,8 +93,6 @@ def test_round_trip_exactly_n_rows_and_every_field(spark, amqp_url: str, names, 
     assert f["headers"] == {"s": "v", "i": "5", "b": "true", "nested": '{"k":[1,2]}'}
     assert f["redelivered"] is False and f["delivery_tag"] >= 1
     assert bytes(rows["empty"]["body"]) == b"" and bytes(rows["big"]["body"]) == big
-    # The last batch of an AvailableNow run is acked too (Spark never commits it).
-    assert wait_for(lambda: counts(amqp_url, q, embedded_or_none) == (0, 0), timeout=20)
 
 
 def test_failed_batch_is_not_acked_and_arrives_after_restart(spark, amqp_url: str, names, embedded_or_none, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -177,23 +173,43 @@ def test_several_queues_in_one_stream_including_quorum(spark, amqp_url: str, nam
     publish(amqp_url, quorum, [b"q"] * 35, declare=False, message_id=lambda i: f"q{i}")
     out = tmp_path / "out"
     df = _stream(spark, amqp_url, f"{classic},{quorum}")
-    query = (
-        df.writeStream.format("parquet")
-        .option("path", str(out))
-        .option("checkpointLocation", str(tmp_path / "c"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    assert query.awaitTermination(180)
+    writer = df.writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(tmp_path / "c"))
+
+    def done() -> bool:
+        acked = counts(amqp_url, classic, embedded_or_none) == (0, 0) and counts(amqp_url, quorum, embedded_or_none) == (0, 0)
+        return acked and len(_rows(spark, out)) >= 60
+
+    run_to_the_end(writer, done)
     rows = _rows(spark, out)
     by_queue: dict[str, int] = {}
     for r in rows:
         by_queue[r["queue"]] = by_queue.get(r["queue"], 0) + 1
     assert by_queue == {classic: 25, quorum: 35}
     assert not any(r["redelivered"] for r in rows)
-    assert wait_for(
-        lambda: counts(amqp_url, classic, embedded_or_none) == (0, 0) and counts(amqp_url, quorum, embedded_or_none) == (0, 0), timeout=20
+
+
+def test_available_now_on_this_pyspark_line(spark, amqp_url: str, names, embedded_or_none, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """4.2+: batches of at most maxMessagesPerTrigger until the queue is drained, all acked.
+    4.0/4.1: Spark runs one batch and never commits it to the source, so nothing is acked
+    and every message is back in the queue once the run ends (README, "PySpark versions")."""
+    q = names.queue()
+    publish(amqp_url, q, [b"m%d" % i for i in range(50)], message_id=lambda i: f"id{i}")
+    query = (
+        _stream(spark, amqp_url, q, maxMessagesPerTrigger=20)
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "c"))
+        .trigger(availableNow=True)
+        .start()
     )
+    assert query.awaitTermination(180) and query.exception() is None
+    batches = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    assert all(n <= 20 for n in batches)
+    if AVAILABLE_NOW_DRAINS:
+        assert sum(batches) == 50 and len(batches) >= 3
+        assert wait_for(lambda: counts(amqp_url, q, embedded_or_none) == (0, 0), timeout=20)
+    else:
+        assert len(batches) <= 1
+        assert wait_for(lambda: counts(amqp_url, q, embedded_or_none) == (50, 0), timeout=20)
 
 
 def test_bad_input_fails_the_query_with_a_clear_error(spark, amqp_url: str, names, tmp_path) -> None:  # type: ignore[no-untyped-def]
