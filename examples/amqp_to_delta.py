@@ -26,6 +26,7 @@ import shutil
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from urllib.parse import urlsplit, urlunsplit
 
@@ -43,18 +44,18 @@ from spark_amqp.options import parse_sink_options
 from spark_amqp.sink.columns import MessageBuilder
 from spark_amqp.sink.publisher import PartitionPublisher
 
-QUEUE = "demo.orders"
+QUEUE = "demo.orders"  # on a real broker with a suffix of its own, so that runs never share a queue
 ORDER_SCHEMA = "order_id STRING, customer STRING, amount DOUBLE, currency STRING"
 
 
-def publish_orders(url: str, count: int, stop: threading.Event, sent: list[int], failed: list[BaseException]) -> None:
+def publish_orders(url: str, queue: str, count: int, stop: threading.Event, sent: list[int], failed: list[BaseException]) -> None:
     """Publishes ``count`` JSON orders with message ids as fast as the broker confirms them.
 
     With the connector's own publisher (the sink's): persistent messages, up to 1000
     unconfirmed at a time; ``sent[0]`` counts what was handed to it. A nack or a lost
     connection ends up in ``failed``.
     """
-    options = parse_sink_options({"uri": url, "routingKey": QUEUE, "maxInFlight": "1000"})
+    options = parse_sink_options({"uri": url, "routingKey": queue, "maxInFlight": "1000"})
     builder = MessageBuilder(options)
     rng = random.Random(42)
 
@@ -95,29 +96,26 @@ def without_password(url: str) -> tuple[str, str | None]:
     return urlunsplit(parts._replace(netloc=netloc)), parts.password
 
 
-def queue_depth(url: str) -> int:
+def queue_depth(url: str, queue: str) -> int:
     conn = pika.BlockingConnection(pika.URLParameters(url))
     try:
-        return int(conn.channel().queue_declare(QUEUE, passive=True).method.message_count)
+        return int(conn.channel().queue_declare(queue, passive=True).method.message_count)
     finally:
         conn.close()
 
 
-def declare_queue(url: str, fresh: bool) -> None:
+def declare_queue(url: str, queue: str) -> None:
     conn = pika.BlockingConnection(pika.URLParameters(url))
     try:
-        ch = conn.channel()
-        if fresh:
-            ch.queue_delete(QUEUE)  # a real broker may hold one from an earlier run
-        ch.queue_declare(QUEUE, durable=True)
+        conn.channel().queue_declare(queue, durable=True)
     finally:
         conn.close()
 
 
-def delete_queue(url: str) -> None:
+def delete_queue(url: str, queue: str) -> None:
     conn = pika.BlockingConnection(pika.URLParameters(url))
     try:
-        conn.channel().queue_delete(QUEUE)
+        conn.channel().queue_delete(queue)
     finally:
         conn.close()
 
@@ -138,12 +136,13 @@ def main() -> int:
     table_path = os.path.join(args.output, "orders")
     print(f"spark-amqp: {args.messages} orders from {where} into the Delta table {table_path}", flush=True)
     shutil.rmtree(args.output, ignore_errors=True)
-    declare_queue(url, fresh=broker is None)
+    queue = QUEUE if broker is not None else f"{QUEUE}.{uuid.uuid4().hex[:8]}"
+    declare_queue(url, queue)
 
     # The publisher starts first: while Spark starts (about 10 s) a backlog builds up.
     stop = threading.Event()
     sent, failed = [0], []  # type: ignore[var-annotated]
-    producer = threading.Thread(target=publish_orders, args=(url, args.messages, stop, sent, failed), daemon=True)
+    producer = threading.Thread(target=publish_orders, args=(url, queue, args.messages, stop, sent, failed), daemon=True)
     producer.start()
 
     spark = local_spark(
@@ -160,8 +159,9 @@ def main() -> int:
     source = (
         spark.readStream.format("amqp")
         .option("uri", uri)  # no password in it: Spark prints option values, but redacts 'password'
-        .option("queue", QUEUE)
+        .option("queue", queue)
         .option("maxMessagesPerTrigger", str(args.max_messages_per_trigger))
+        .option("numPartitions", "2")  # a task per core for the JSON parsing and the Delta write
     )
     if password is not None:
         source = source.option("password", password)
@@ -190,7 +190,7 @@ def main() -> int:
             now = time.monotonic()
             print(
                 f"  {now - started:5.1f}s  published {sent[0]:>7}  written {written:>7}  "
-                f"read {counter.steady_rate():6.0f} rows/s (last batch {counter.last_rows:>6} rows)  backlog {backlog(query, url)}",
+                f"read {counter.steady_rate():6.0f} rows/s (last batch {counter.last_rows:>6} rows)  backlog {backlog(query, url, queue)}",
                 flush=True,
             )
             if query.exception() is not None:
@@ -209,7 +209,7 @@ def main() -> int:
     table = spark.read.format("delta").load(table_path)
     total = table.count()
     distinct = table.select("order_id").distinct().count()
-    left = queue_depth(url)
+    left = queue_depth(url, queue)
     elapsed = time.monotonic() - started
     print("summary:")
     print(f"  published {sent[0]}, written {total} rows, {distinct} distinct order ids, duplicates {total - distinct}")
@@ -217,28 +217,33 @@ def main() -> int:
         f"  read rate into Delta: {counter.steady_rate():.0f} rows/s steady (every batch after the first, which waits for "
         f"the query's start-up), {counter.batches} batches; {total / elapsed:.0f} rows/s including query start-up ({elapsed:.1f}s)"
     )
+    if counter.planning_ms:
+        print(
+            f"  the source planned {counter.rows} rows in {counter.planning_ms / 1000:.1f}s of {counter.batch_ms / 1000:.1f}s of batches "
+            f"({counter.rows / (counter.planning_ms / 1000):.0f} rows/s): the rest is Spark and Delta writing and committing"
+        )
     print(f"  left in the queue after the query stopped: {left} (0 means every message was acknowledged)")
     table.groupBy("currency").agg(F.count("*").alias("orders"), F.round(F.sum("amount"), 2).alias("total")).show()
     spark.stop()
     if broker is not None:
         broker.stop()
     else:
-        delete_queue(url)
-        print(f"  deleted the queue {QUEUE} on RabbitMQ")
+        delete_queue(url, queue)
+        print(f"  deleted the queue {queue} on RabbitMQ")
     ok = total == sent[0] == distinct and left == 0
     print("OK: every order exactly once, queue empty" if ok else "FAILED", flush=True)
     return 0 if ok else 1
 
 
-def backlog(query, url: str) -> str:  # type: ignore[no-untyped-def]
+def backlog(query, url: str, queue: str) -> str:  # type: ignore[no-untyped-def]
     """What is left to read: the source's own report on PySpark 4.2+ (ready on the broker plus
     prefetched, README "Backlog in the query's progress"), else the queue's ready count."""
     progress = query.lastProgress
     latest = progress.sources[0].latestOffset if progress is not None and progress.sources else None
     if latest:
-        entry = json.loads(latest)[QUEUE]
+        entry = json.loads(latest)[queue]
         return f"{entry['ready'] + entry['prefetched']} (source)"
-    return f"{queue_depth(url)} (ready)"
+    return f"{queue_depth(url, queue)} (ready)"
 
 
 class RowCounter(StreamingQueryListener):
@@ -251,6 +256,8 @@ class RowCounter(StreamingQueryListener):
         self.first_rows = 0
         self.first_end: float | None = None
         self.last_end: float | None = None
+        self.planning_ms = 0  # the source's latestOffset: take deliveries, build the batch's Arrow data (and journal it)
+        self.batch_ms = 0  # whole triggers: planning, reading the partitions, Delta's write and commit, Spark's logs
 
     def steady_rate(self) -> float:
         """Rows per second from the end of the first batch to the end of the last one."""
@@ -269,6 +276,8 @@ class RowCounter(StreamingQueryListener):
         self.rows += progress.numInputRows
         self.last_rows = progress.numInputRows
         self.batches += 1
+        self.planning_ms += progress.durationMs.get("latestOffset", 0)
+        self.batch_ms += progress.durationMs.get("triggerExecution", 0)
         if self.first_end is None:
             self.first_end, self.first_rows = self.last_end, self.rows
 
