@@ -25,7 +25,10 @@ of them from the first offset with:
 
 Each measured run also reports the CPU used meanwhile, in cores, per process
 group (RabbitMQ's beam.smp, Spark's Python workers, Spark's JVM, ...) from /proc,
-and the load average: the machine is shared, so read the figures with it.
+and the load average: the machine is shared, so read the figures with it. The
+CPU per message of the run's own processes (reader + broker + Spark) gives the
+rate CPU alone would allow if they had every core: when the measured rate is
+near what the other jobs leave of that, CPU is the limit, not the broker.
 
 Last (unless ``--skip-delta``), source -> Delta with a processing-time trigger
 while a publisher adds ``--delta-messages`` at ``--delta-rate`` msg/s, without
@@ -176,11 +179,22 @@ class CpuMeter:
             return "source runner"
         return "py workers"
 
-    def summary(self) -> str:
+    def summary(self, messages: int | None = None) -> str:
+        """The cores each group used; with ``messages``, also the CPU per message of this run's own processes
+        and the rate they would reach if they had every CPU to themselves (the bound CPU sets)."""
         parts = ", ".join(f"{g} {c:.2f}" for g, c in self.used.items() if c >= 0.005)
-        return (
+        text = (
             f"CPU in cores over {self.seconds:.1f} s: {parts}; machine busy {self.machine:.2f} of {os.cpu_count()}; loadavg {self.loadavg}"
         )
+        if messages:
+            per = {g: c * self.seconds / messages * 1e6 for g, c in self.used.items() if g != "other jobs" and c >= 0.005}
+            total = sum(per.values())
+            costs = ", ".join(f"{g} {us:.1f}" for g, us in per.items())
+            cpus = os.cpu_count() or 1
+            text += (
+                f"\n    CPU per message in us: {costs}; total {total:.1f} us = at most {cpus / total * 1e6:,.0f} msg/s on {cpus} idle CPUs"
+            )
+        return text
 
 
 # -- the broker and the baselines -------------------------------------------------------
@@ -459,12 +473,12 @@ def main() -> None:
         def baselines(when: str) -> tuple[float, float | None]:
             with CpuMeter() as cpu:
                 raw = args.messages / pb.consume_stream(url, stream, args.messages, args.prefetch, ack_every)
-            print(f"raw pika stream consumer ({when}): {raw:,.0f} msg/s\n    {cpu.summary()}", flush=True)
+            print(f"raw pika stream consumer ({when}): {raw:,.0f} msg/s\n    {cpu.summary(args.messages)}", flush=True)
             if jars is None:
                 return raw, None
             with CpuMeter() as cpu:
                 perf = perftest_consume(jars, url, stream, args.messages, args.prefetch, ack_every)
-            print(f"PerfTest stream consumer ({when}): {perf:,.0f} msg/s\n    {cpu.summary()}", flush=True)
+            print(f"PerfTest stream consumer ({when}): {perf:,.0f} msg/s\n    {cpu.summary(args.messages)}", flush=True)
             return raw, perf
 
         before = baselines("before the Spark runs")
@@ -497,7 +511,7 @@ def main() -> None:
             print(
                 f"source numPartitions={p} -> noop: {rate:,.0f} msg/s = {rate / raw:.2f}x raw pika{vs_perf} "
                 f"({len(log.batches)} batches, {log.seconds:.1f} s){steady}; incl. query start-up {log.rows / wall:,.0f} msg/s "
-                f"({wall:.1f} s) = {log.rows / wall / raw:.2f}x raw pika\n    {cpu.summary()}",
+                f"({wall:.1f} s) = {log.rows / wall / raw:.2f}x raw pika\n    {cpu.summary(log.rows)}",
                 flush=True,
             )
 
