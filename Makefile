@@ -1,6 +1,7 @@
 # Every target installs what it needs into .venv first (a fresh machine needs
 # only python3 and a JDK; Spark tests also need Java 17+). `test` and `demo` also
-# fetch the Delta Lake jars into .cache/jars with Maven (mvn), see conf/delta/pom.xml.
+# fetch the Delta Lake jars into .cache/jars with Maven (mvn), see conf/delta/pom.xml;
+# `bench` also fetches RabbitMQ's PerfTest into .cache/perftest (conf/perftest/pom.xml).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -15,7 +16,10 @@ SOURCES := pyproject.toml README.md pyspark_amqp.py $(shell find spark_amqp -nam
 # `make broker` listens here, not on 5672, so it never collides with a local RabbitMQ.
 BROKER_PORT ?= 5673
 
-.PHONY: install jars wheel test test-matrix $(PYSPARK_LINES:%=test-pyspark%) lint demo bench broker clean
+PERFTEST_DIR := .cache/perftest
+PERFTEST_STAMP := $(PERFTEST_DIR)/.stamp
+
+.PHONY: install jars perftest wheel test test-matrix $(PYSPARK_LINES:%=test-pyspark%) lint demo bench broker clean
 
 $(STAMP): pyproject.toml conf/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +69,17 @@ $(JARS_STAMP): conf/delta/pom.xml
 
 jars: $(JARS_STAMP)
 
+## RabbitMQ's PerfTest (Java) and its dependencies, the baseline of benchmarks/stream_throughput.py:
+##   java -cp '.cache/perftest/*' com.rabbitmq.perf.PerfTest --help
+$(PERFTEST_STAMP): conf/perftest/pom.xml
+	@command -v mvn >/dev/null 2>&1 || { echo "make perftest needs Maven (mvn) and a JDK, e.g. apt-get install maven" >&2; exit 1; }
+	mkdir -p $(PERFTEST_DIR)
+	rm -f $(PERFTEST_DIR)/*.jar $(PERFTEST_STAMP)
+	mvn -B -q -f conf/perftest/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(abspath $(PERFTEST_DIR))
+	touch $(PERFTEST_STAMP)
+
+perftest: $(PERFTEST_STAMP)
+
 ## Run the test suite (embedded broker always; real RabbitMQ too when AMQP_TEST_URL is set).
 test: $(STAMP) $(JARS_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -89,10 +104,13 @@ demo: $(STAMP) $(JARS_STAMP)
 broker: $(STAMP)
 	$(PY) -m spark_amqp.broker --port $(BROKER_PORT)
 
-bench: $(STAMP) $(JARS_STAMP)
+## The stream benchmark needs RabbitMQ (stream queues): it runs only when AMQP_TEST_URL is set.
+bench: $(STAMP) $(JARS_STAMP) $(PERFTEST_STAMP)
 	$(PY) benchmarks/broker_throughput.py
 	$(PY) benchmarks/source_throughput.py
 	$(PY) benchmarks/sink_throughput.py
+	@if [ -n "$$AMQP_TEST_URL" ]; then echo "$(PY) benchmarks/stream_throughput.py"; $(PY) benchmarks/stream_throughput.py; \
+	else echo "benchmarks/stream_throughput.py skipped: it needs RabbitMQ with stream queues in AMQP_TEST_URL"; fi
 
 clean:
 	rm -rf $(VENV) $(PYSPARK_LINES:%=.venv-pyspark%) build dist .pytest_cache .mypy_cache .ruff_cache

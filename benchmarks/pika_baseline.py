@@ -3,6 +3,7 @@
 - ``publish_async``: SelectConnection keeping a window of outstanding confirms.
 - ``publish_sync``: BlockingConnection, one synchronous confirm per message.
 - ``consume``: SelectConnection with a prefetch and a multi-ack every ``ack_every``.
+- ``consume_stream``: the same on a stream queue, from an ``x-stream-offset`` (acks only give credit back).
 """
 
 from __future__ import annotations
@@ -97,6 +98,39 @@ def consume(url: str, queue: str, count: int, prefetch: int = 1000, ack_every: i
     elapsed = time.perf_counter() - start
     if state["got"] != count:
         raise RuntimeError(f"consumer got {state['got']} of {count}")
+    return elapsed
+
+
+def consume_stream(url: str, stream: str, count: int, prefetch: int = 2000, ack_every: int = 1000, offset: object = "first") -> float:
+    """Seconds to read ``count`` messages of a stream queue from ``offset``, acking (credit) every ``ack_every``.
+
+    ``ack_every`` must stay below ``prefetch``: on a stream the acks are what lets the broker send more.
+    """
+    state = {"got": 0}
+
+    def on_message(ch: pika.channel.Channel, method: pika.spec.Basic.Deliver, props: pika.BasicProperties, body: bytes) -> None:
+        state["got"] += 1
+        if state["got"] % ack_every == 0 or state["got"] == count:
+            ch.basic_ack(method.delivery_tag, multiple=True)
+        if state["got"] == count:
+            ch.connection.close()
+
+    def on_channel(ch: pika.channel.Channel) -> None:
+        ch.basic_qos(
+            prefetch_count=prefetch,
+            callback=lambda _: ch.basic_consume(stream, on_message, arguments={"x-stream-offset": offset}),
+        )
+
+    conn = pika.SelectConnection(
+        pika.URLParameters(url),
+        on_open_callback=lambda c: c.channel(on_open_callback=on_channel),
+        on_close_callback=lambda c, r: c.ioloop.stop(),
+    )
+    start = time.perf_counter()
+    conn.ioloop.start()
+    elapsed = time.perf_counter() - start
+    if state["got"] != count:
+        raise RuntimeError(f"stream consumer got {state['got']} of {count}")
     return elapsed
 
 

@@ -1,0 +1,538 @@
+"""Stream mode throughput (issue 10) against raw pika and RabbitMQ's PerfTest on the same stream, in the same run.
+
+    make perftest   # PerfTest's jars into .cache/perftest (Maven), once
+    AMQP_TEST_URL=amqp://guest:guest@127.0.0.1:5672/%2F .venv/bin/python benchmarks/stream_throughput.py
+    # a quick version while developing:
+    AMQP_TEST_URL=... .venv/bin/python benchmarks/stream_throughput.py --messages 100000 --delta-messages 50000
+
+Needs a RabbitMQ with stream queues (3.9+) in AMQP_TEST_URL: the embedded broker
+has no stream queues yet, so without it the script stops at once.
+
+It declares a stream, preloads ``--messages`` x 200-byte messages (PerfTest as
+the producer, or pika's async publisher with ``--no-perftest``), then reads all
+of them from the first offset with:
+
+1. a raw pika stream consumer (SelectConnection, ``basic_qos(prefetch)``,
+   ``x-stream-offset=first``, a multi-ack every prefetch/2 to give credit back,
+   as the source's executor readers do);
+2. PerfTest consuming the same stream over AMQP 0-9-1 (one consumer, same qos
+   and multi-ack, consumer argument ``x-stream-offset=first``);
+3. the source (``option("stream")``) into Spark's ``noop`` sink with
+   Trigger.AvailableNow, for each ``--partitions`` value. Its rate is the rows over
+   the batches' processing time (from a StreamingQueryListener), and again
+   including query start-up; both baselines are measured before and after the
+   Spark runs and the ratios use their means.
+
+Each measured run also reports the CPU used meanwhile, in cores, per process
+group (RabbitMQ's beam.smp, Spark's Python workers, Spark's JVM, ...) from /proc,
+and the load average: the machine is shared, so read the figures with it. The
+CPU per message of the run's own processes (reader + broker + Spark) gives the
+rate CPU alone would allow if they had every core: when the measured rate is
+near what the other jobs leave of that, CPU is the limit, not the broker.
+
+Last (unless ``--skip-delta``), source -> Delta with a processing-time trigger
+while a publisher adds ``--delta-messages`` at ``--delta-rate`` msg/s, without
+and with ``minMessagesPerTrigger``: batches, rows per batch, and end-to-end msg/s
+(from the publisher's start to the Delta commit holding the last message).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+
+import pika
+import pika_baseline as pb
+from pyspark.sql.streaming import StreamingQueryListener
+
+BODY = b"x" * 200
+REPO = Path(__file__).resolve().parent.parent
+PERFTEST_DIR = REPO / ".cache" / "perftest"
+PERFTEST_MAIN = "com.rabbitmq.perf.PerfTest"
+RUNNER = "python_streaming_source_runner"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+WARMUP_MESSAGES = 20_000
+
+
+# -- the machine ----------------------------------------------------------------------
+
+
+def _proc_stat(pid: str) -> tuple[str, int, int] | None:
+    """(comm, ppid, utime+stime in ticks) of a process, None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    comm = text[text.index("(") + 1 : text.rindex(")")]
+    fields = text[text.rindex(")") + 2 :].split()
+    return comm, int(fields[1]), int(fields[11]) + int(fields[12])
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _machine_ticks() -> tuple[int, int]:
+    """(busy, total) ticks of all CPUs since boot."""
+    with open("/proc/stat") as f:
+        values = [int(v) for v in f.readline().split()[1:]]
+    idle = values[3] + values[4]  # idle + iowait
+    return sum(values) - idle, sum(values)
+
+
+class CpuMeter:
+    """CPU used while a run goes, in cores, per group of processes (sampled from /proc every 0.25 s).
+
+    Groups: RabbitMQ (beam.smp), this script's process, and among its descendants
+    Spark's JVM, the source runner (the planner, on the driver), Spark's Python
+    workers (executor tasks), PerfTest; every other process is "other jobs".
+    """
+
+    GROUPS = ("beam.smp", "py workers", "spark JVM", "source runner", "bench script", "PerfTest", "other jobs")
+
+    def __init__(self) -> None:
+        self._base: dict[int, int] = {}
+        self._last: dict[int, int] = {}
+        self._group: dict[int, str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.used: dict[str, float] = {}
+        self.machine = 0.0
+        self.seconds = 0.0
+        self.loadavg = ""
+
+    def __enter__(self) -> CpuMeter:
+        self._base = dict(self._sample())
+        self._last = dict(self._base)
+        self._machine0 = _machine_ticks()
+        self._start = time.monotonic()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._last.update(self._sample())
+        self.seconds = time.monotonic() - self._start
+        busy, total = _machine_ticks()
+        cpus = os.cpu_count() or 1
+        self.machine = cpus * (busy - self._machine0[0]) / max(1, total - self._machine0[1])
+        used: dict[str, float] = dict.fromkeys(self.GROUPS, 0.0)
+        for pid, ticks in self._last.items():
+            used[self._group[pid]] += (ticks - self._base.get(pid, 0)) / CLOCK_TICKS
+        self.used = {g: s / self.seconds for g, s in used.items()}
+        with open("/proc/loadavg") as f:
+            self.loadavg = " ".join(f.read().split()[:3])
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.25):
+            self._last.update(self._sample())
+
+    def _sample(self) -> dict[int, int]:
+        stats = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and (st := _proc_stat(entry)) is not None:
+                stats[int(entry)] = st
+        me = os.getpid()
+        ticks = {}
+        for pid, (comm, _, cpu) in stats.items():
+            if pid not in self._group:
+                self._group[pid] = self._classify(pid, comm, stats, me)
+            ticks[pid] = cpu
+        return ticks
+
+    @staticmethod
+    def _classify(pid: int, comm: str, stats: dict[int, tuple[str, int, int]], me: int) -> str:
+        if comm == "beam.smp":
+            return "beam.smp"
+        if pid == me:
+            return "bench script"
+        parent, seen = stats[pid][1], 0
+        while parent not in (0, 1, me) and parent in stats and seen < 64:
+            parent, seen = stats[parent][1], seen + 1
+        if parent != me:
+            return "other jobs"
+        cmdline = _cmdline(pid)
+        if PERFTEST_MAIN.encode() in cmdline:
+            return "PerfTest"
+        if comm == "java":
+            return "spark JVM"
+        if RUNNER.encode() in cmdline:
+            return "source runner"
+        return "py workers"
+
+    def summary(self, messages: int | None = None) -> str:
+        """The cores each group used; with ``messages``, also the CPU per message of this run's own processes
+        and the rate they would reach if they had every CPU to themselves (the bound CPU sets)."""
+        parts = ", ".join(f"{g} {c:.2f}" for g, c in self.used.items() if c >= 0.005)
+        text = (
+            f"CPU in cores over {self.seconds:.1f} s: {parts}; machine busy {self.machine:.2f} of {os.cpu_count()}; loadavg {self.loadavg}"
+        )
+        if messages:
+            per = {g: c * self.seconds / messages * 1e6 for g, c in self.used.items() if g != "other jobs" and c >= 0.005}
+            total = sum(per.values())
+            costs = ", ".join(f"{g} {us:.1f}" for g, us in per.items())
+            cpus = os.cpu_count() or 1
+            text += (
+                f"\n    CPU per message in us: {costs}; total {total:.1f} us = at most {cpus / total * 1e6:,.0f} msg/s on {cpus} idle CPUs"
+            )
+        return text
+
+
+# -- the broker and the baselines -------------------------------------------------------
+
+
+def declare_stream(url: str, stream: str) -> None:
+    pb.declare(url, stream, durable=True, arguments={"x-queue-type": "stream"})
+
+
+def delete_queue(url: str, queue: str) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    conn.channel().queue_delete(queue)
+    conn.close()
+
+
+def perftest(jars: Path, url: str, *args: str, timeout: float | None = None) -> str:
+    """PerfTest's output; raises if it fails."""
+    cmd = ["java", "-cp", f"{jars}/*", PERFTEST_MAIN, "--uri", url, *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"PerfTest failed ({done.returncode}): {' '.join(cmd)}\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    return done.stdout
+
+
+def perftest_publish_args(stream: str, count: int, rate: int | None = None) -> list[str]:
+    # Predeclared stream (PerfTest also binds it to exchange "direct" with a key of its own), one producer,
+    # 200-byte bodies, 2000 unconfirmed at most.
+    args = ["--predeclared", "--queue", stream, "--producers", "1", "--consumers", "0"]
+    args += ["--pmessages", str(count), "--size", str(len(BODY)), "--confirm", "2000"]
+    if rate is not None:
+        args += ["--rate", str(rate)]
+    return args
+
+
+def preload(url: str, stream: str, count: int, jars: Path | None) -> float:
+    """Seconds to publish ``count`` messages into ``stream`` with publisher confirms."""
+    start = time.perf_counter()
+    if jars is not None:
+        perftest(jars, url, *perftest_publish_args(stream, count))
+    else:
+        pb.publish_async(url, stream, count, BODY, window=2000)
+    return time.perf_counter() - start
+
+
+def perftest_consume(jars: Path, url: str, stream: str, count: int, prefetch: int, ack_every: int) -> float:
+    """PerfTest's average consume rate (msg/s) reading ``count`` messages of the stream from its first offset."""
+    out = perftest(
+        jars,
+        url,
+        "--predeclared",
+        "--queue",
+        stream,
+        "--producers",
+        "0",
+        "--consumers",
+        "1",
+        "--qos",
+        str(prefetch),
+        "--multi-ack-every",
+        str(ack_every),
+        "--consumer-args",
+        "x-stream-offset=first",
+        "--cmessages",
+        str(count),
+        "--time",
+        "600",
+    )
+    if "Consumer reached message limit" not in out:
+        raise RuntimeError(f"PerfTest did not read {count} messages:\n{out[-2000:]}")
+    found = re.search(r"receiving rate avg: (\d+) msg/s", out)
+    if not found:
+        raise RuntimeError(f"no consume rate in PerfTest's output:\n{out[-2000:]}")
+    return float(found.group(1))
+
+
+# -- Spark ------------------------------------------------------------------------------
+
+
+def spark_session(cores: int):  # type: ignore[no-untyped-def]
+    from sparkenv import local_spark
+
+    spark = local_spark(
+        "spark-amqp stream benchmark",
+        master=f"local[{cores}]",
+        **{
+            "spark.sql.shuffle.partitions": "2",
+            "spark.driver.memory": "2g",
+            "spark.ui.showConsoleProgress": "false",
+            "spark.databricks.delta.snapshotPartitions": "2",
+        },
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+class BatchLog(StreamingQueryListener):  # type: ignore[misc]
+    """Every batch with rows: (rows, processing seconds, when the listener heard of it)."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[int, float, float]] = []
+
+    @property
+    def rows(self) -> int:
+        return sum(b[0] for b in self.batches)
+
+    @property
+    def seconds(self) -> float:
+        return sum(b[1] for b in self.batches)
+
+    def onQueryStarted(self, event) -> None:  # type: ignore[no-untyped-def]
+        pass
+
+    def onQueryProgress(self, event) -> None:  # type: ignore[no-untyped-def]
+        progress = event.progress
+        if progress.numInputRows:
+            seconds = progress.durationMs.get("triggerExecution", 0) / 1000.0
+            self.batches.append((progress.numInputRows, seconds, time.monotonic()))
+
+    def onQueryIdle(self, event) -> None:  # type: ignore[no-untyped-def]
+        pass
+
+    def onQueryTerminated(self, event) -> None:  # type: ignore[no-untyped-def]
+        pass
+
+
+def stream_reader(spark, url: str, stream: str, prefetch: int, **options: object):  # type: ignore[no-untyped-def]
+    reader = spark.readStream.format("amqp").option("uri", url).option("stream", stream).option("prefetch", str(prefetch))
+    for key, value in options.items():
+        if value is not None:
+            reader = reader.option(key, str(value))
+    return reader.load()
+
+
+def available_now(spark, url: str, stream: str, partitions: int, args: argparse.Namespace, workdir: str) -> tuple[BatchLog, float]:  # type: ignore[no-untyped-def]
+    """One Trigger.AvailableNow run into noop: (its batches, wall seconds including query start-up)."""
+    run = f"noop-{partitions}-{time.monotonic_ns()}"
+    df = stream_reader(spark, url, stream, args.prefetch, numPartitions=partitions, maxMessagesPerTrigger=args.max_per_trigger or None)
+    writer = df.writeStream.format("noop").option("checkpointLocation", os.path.join(workdir, f"ckpt-{run}")).trigger(availableNow=True)
+    log = BatchLog()
+    spark.streams.addListener(log)
+    try:
+        start = time.perf_counter()
+        query = writer.start()
+        query.awaitTermination()
+        wall = time.perf_counter() - start
+    finally:
+        time.sleep(1)  # listener events are delivered asynchronously
+        spark.streams.removeListener(log)
+    if query.exception() is not None:
+        raise RuntimeError(query.exception())
+    return log, wall
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.05)
+
+
+def delta_run(spark, url: str, stream: str, args: argparse.Namespace, workdir: str, jars: Path | None, minimum: int | None) -> str:  # type: ignore[no-untyped-def]
+    """Source -> Delta with a processing-time trigger while a publisher adds messages at a steady rate."""
+    declare_stream(url, stream)
+    run = f"delta-{minimum}-{time.monotonic_ns()}"
+    path = os.path.join(workdir, f"out-{run}")
+    options: dict[str, object] = {"maxMessagesPerTrigger": args.max_per_trigger or None}
+    if minimum is not None:
+        options |= {"minMessagesPerTrigger": minimum, "maxTriggerDelay": args.max_trigger_delay}
+    df = stream_reader(spark, url, stream, args.prefetch, **options)
+    log = BatchLog()
+    spark.streams.addListener(log)
+    query = (
+        df.writeStream.format("delta")
+        .option("checkpointLocation", os.path.join(workdir, f"ckpt-{run}"))
+        .trigger(processingTime=args.delta_trigger)
+        .start(path)
+    )
+    count, rate = args.delta_messages, args.delta_rate
+    try:
+        # Query start-up is not part of the figure: publish once the query polls the stream.
+        wait_for(lambda: "Waiting" in query.status["message"] or query.exception() is not None, 120, "query start")
+        with CpuMeter() as cpu:
+            start = time.monotonic()
+            published: list[float] = []
+            publisher = threading.Thread(target=lambda: published.append(steady_publish(url, stream, count, rate, jars)), daemon=True)
+            publisher.start()
+            wait_for(lambda: log.rows >= count or query.exception() is not None, 5 * count / rate + 300, "Delta run")
+            if query.exception() is not None:
+                raise RuntimeError(query.exception())
+            end = log.batches[-1][2]
+            publisher.join()
+        publish_end = start + published[0]
+    finally:
+        query.stop()
+        spark.streams.removeListener(log)
+    written = spark.read.format("delta").load(path).count()
+    assert log.rows == count and written == count, f"Delta run: {log.rows} rows in batches, {written} in the table, of {count}"
+    sizes = [b[0] for b in log.batches]
+    label = (
+        "without minMessagesPerTrigger" if minimum is None else f"minMessagesPerTrigger={minimum}, maxTriggerDelay={args.max_trigger_delay}"
+    )
+    return (
+        f"source -> delta, trigger {args.delta_trigger}, {label}: {len(sizes)} batches, {statistics.mean(sizes):,.0f} rows/batch "
+        f"(min {min(sizes):,}, max {max(sizes):,}), {statistics.mean(b[1] for b in log.batches):.2f} s/batch; "
+        f"end-to-end {count / (end - start):,.0f} msg/s ({end - start:.1f} s; publisher {published[0]:.1f} s at {rate:,} msg/s, "
+        f"last commit {end - publish_end:.1f} s after it)\n    {cpu.summary()}"
+    )
+
+
+def steady_publish(url: str, stream: str, count: int, rate: int, jars: Path | None) -> float:
+    """Seconds to publish ``count`` messages at ``rate`` msg/s (PerfTest's rate limit, or pika in bursts of 1/20 s)."""
+    start = time.monotonic()
+    if jars is not None:
+        perftest(jars, url, *perftest_publish_args(stream, count, rate))
+    else:
+        burst = max(1, rate // 20)
+        for i in range(0, count, burst):
+            pb.publish_async(url, stream, min(burst, count - i), BODY, window=2000)
+            time.sleep(max(0.0, start + (i + burst) / rate - time.monotonic()))
+    return time.monotonic() - start
+
+
+# -- the run ----------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--partitions", default="1,2,4", help="numPartitions values, comma-separated")
+    parser.add_argument(
+        "--cores", type=int, default=0, help="Spark's local[N] (default: the largest numPartitions, so all tasks run at once)"
+    )
+    parser.add_argument("--prefetch", type=int, default=2000, help="per-consumer credit of every reader (the source's default is 2000)")
+    parser.add_argument("--max-per-trigger", type=int, default=250_000, help="maxMessagesPerTrigger (0: none, one batch per run)")
+    parser.add_argument("--no-perftest", action="store_true", help="no PerfTest baseline; preload with pika")
+    parser.add_argument("--perftest-jars", type=Path, default=PERFTEST_DIR)
+    parser.add_argument("--skip-delta", action="store_true")
+    parser.add_argument("--delta-messages", type=int, default=200_000)
+    parser.add_argument("--delta-rate", type=int, default=5_000, help="msg/s the publisher adds during the Delta runs")
+    parser.add_argument("--delta-trigger", default="100 milliseconds", help="processing-time trigger of the Delta runs")
+    parser.add_argument("--delta-min", type=int, default=50_000, help="minMessagesPerTrigger of the second Delta run")
+    parser.add_argument("--max-trigger-delay", default="10s")
+    args = parser.parse_args()
+
+    url = os.environ.get("AMQP_TEST_URL")
+    if not url:
+        sys.exit(
+            "stream_throughput.py needs RabbitMQ (3.9+, stream queues): set AMQP_TEST_URL, e.g. "
+            "AMQP_TEST_URL=amqp://guest:guest@127.0.0.1:5672/%2F. The embedded broker has no stream queues yet."
+        )
+    jars: Path | None = None
+    if not args.no_perftest:
+        jars = args.perftest_jars.resolve()
+        if not any(jars.glob("perf-test-*.jar")):
+            sys.exit(f"PerfTest's jars are not in {jars}: run `make perftest` (Maven), or pass --no-perftest")
+    partitions = [int(p) for p in args.partitions.split(",") if p]
+    cores = args.cores or max(partitions)
+    ack_every = max(1, args.prefetch // 2)
+    stream = f"bench.stream.{os.getpid()}"
+    warm = f"{stream}.warmup"
+    delta_streams = [f"{stream}.delta.{i}" for i in range(2)]
+    workdir = tempfile.mkdtemp(prefix="amqp-stream-bench-")
+    spark = None
+    try:
+        declare_stream(url, stream)
+        seconds = preload(url, stream, args.messages, jars)
+        producer = "PerfTest" if jars else "pika async"
+        print(
+            f"{args.messages:,} x {len(BODY)} B in stream '{stream}' on RabbitMQ ({producer}, confirms: {args.messages / seconds:,.0f} msg/s); "
+            f"prefetch {args.prefetch}, ack every {ack_every}; Spark local[{cores}] on {os.cpu_count()} CPUs; "
+            f"maxMessagesPerTrigger={args.max_per_trigger or 'none'}",
+            flush=True,
+        )
+
+        def baselines(when: str) -> tuple[float, float | None]:
+            with CpuMeter() as cpu:
+                raw = args.messages / pb.consume_stream(url, stream, args.messages, args.prefetch, ack_every)
+            print(f"raw pika stream consumer ({when}): {raw:,.0f} msg/s\n    {cpu.summary(args.messages)}", flush=True)
+            if jars is None:
+                return raw, None
+            with CpuMeter() as cpu:
+                perf = perftest_consume(jars, url, stream, args.messages, args.prefetch, ack_every)
+            print(f"PerfTest stream consumer ({when}): {perf:,.0f} msg/s\n    {cpu.summary(args.messages)}", flush=True)
+            return raw, perf
+
+        before = baselines("before the Spark runs")
+
+        spark = spark_session(cores)
+        declare_stream(url, warm)
+        preload(url, warm, WARMUP_MESSAGES, jars)
+        available_now(spark, url, warm, max(partitions), args, workdir)  # JVM and Python workers warm up; not measured
+        results = []
+        for p in partitions:
+            with CpuMeter() as cpu:
+                log, wall = available_now(spark, url, stream, p, args, workdir)
+            assert log.rows == args.messages, f"numPartitions={p}: read {log.rows} of {args.messages}"
+            results.append((p, log, wall, cpu))
+            print(f"(source numPartitions={p} -> noop: {log.rows / log.seconds:,.0f} msg/s; ratios below)", flush=True)
+
+        after = baselines("after the Spark runs")
+        raw = (before[0] + after[0]) / 2
+        perf = (before[1] + after[1]) / 2 if before[1] is not None and after[1] is not None else None
+        versus = f" and PerfTest {perf:,.0f} msg/s" if perf else ""
+        print(f"baselines (means of before and after): raw pika {raw:,.0f} msg/s{versus}")
+        for p, log, wall, cpu in results:
+            rate = log.rows / log.seconds
+            vs_perf = f", {rate / perf:.2f}x PerfTest" if perf else ""
+            steady = ""
+            if len(log.batches) > 1:
+                later = log.batches[1:]
+                steady_rate = sum(b[0] for b in later) / sum(b[1] for b in later)
+                steady = f"; after the first batch {steady_rate:,.0f} msg/s"
+            print(
+                f"source numPartitions={p} -> noop: {rate:,.0f} msg/s = {rate / raw:.2f}x raw pika{vs_perf} "
+                f"({len(log.batches)} batches, {log.seconds:.1f} s){steady}; incl. query start-up {log.rows / wall:,.0f} msg/s "
+                f"({wall:.1f} s) = {log.rows / wall / raw:.2f}x raw pika\n    {cpu.summary(log.rows)}",
+                flush=True,
+            )
+
+        if not args.skip_delta:
+            declare_stream(url, warm)
+            preload(url, warm, WARMUP_MESSAGES, jars)
+            warmup = spark.readStream.format("amqp").option("uri", url).option("stream", warm).load()
+            q = warmup.writeStream.format("delta").option("checkpointLocation", os.path.join(workdir, "ckpt-delta-warmup"))
+            q.trigger(availableNow=True).start(os.path.join(workdir, "out-delta-warmup")).awaitTermination()
+            for name, minimum in zip(delta_streams, (None, args.delta_min), strict=True):
+                print(delta_run(spark, url, name, args, workdir, jars, minimum), flush=True)
+    finally:
+        for name in (stream, warm, *delta_streams):
+            try:
+                delete_queue(url, name)
+            except Exception as err:
+                print(f"could not delete {name}: {err}", file=sys.stderr)
+        shutil.rmtree(workdir, ignore_errors=True)
+        if spark is not None:
+            spark.stop()
+
+
+if __name__ == "__main__":
+    main()
