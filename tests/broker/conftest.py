@@ -11,3 +11,8 @@ def conn(amqp_url: str):  # type: ignore[no-untyped-def]
     yield c
     if c.is_open:
         c.close()
+
+
+@pytest.fixture
+def ch(conn):  # type: ignore[no-untyped-def]
+    return conn.channel()

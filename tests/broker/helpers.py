@@ -56,3 +56,12 @@ def consume_n(
         conn.process_data_events(time_limit=0.05)
     ch.basic_cancel(tag)
     return got
+
+
+def closed_with(fn: Callable[[], Any]) -> tuple[int, str]:
+    """(reply code, reply text) of the channel close that ``fn`` runs into."""
+    try:
+        fn()
+    except pika.exceptions.ChannelClosedByBroker as err:
+        return err.reply_code, str(err.reply_text)
+    raise AssertionError("the broker did not close the channel")

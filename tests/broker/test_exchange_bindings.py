@@ -5,18 +5,7 @@ from __future__ import annotations
 import pika
 import pytest
 
-from .helpers import ready_count
-
-
-@pytest.fixture
-def ch(conn):  # type: ignore[no-untyped-def]
-    return conn.channel()
-
-
-def _closed_with(fn) -> tuple[int, str]:  # type: ignore[no-untyped-def]
-    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
-        fn()
-    return info.value.reply_code, info.value.reply_text
+from .helpers import closed_with, ready_count
 
 
 def test_messages_flow_through_bound_exchanges(amqp_url, ch, names) -> None:  # type: ignore[no-untyped-def]
@@ -67,17 +56,17 @@ def test_deleting_a_destination_removes_its_bindings(amqp_url, ch, names) -> Non
 
 def test_refusals(conn, names) -> None:  # type: ignore[no-untyped-def]
     missing = names.exchange("missing")
-    assert _closed_with(lambda: conn.channel().exchange_bind("amq.direct", missing, "k")) == (
+    assert closed_with(lambda: conn.channel().exchange_bind("amq.direct", missing, "k")) == (
         404,
         f"NOT_FOUND - no exchange '{missing}' in vhost '/'",
     )
-    assert _closed_with(lambda: conn.channel().exchange_bind(missing, "amq.direct", "k")) == (
+    assert closed_with(lambda: conn.channel().exchange_bind(missing, "amq.direct", "k")) == (
         404,
         f"NOT_FOUND - no exchange '{missing}' in vhost '/'",
     )
     default = (403, "ACCESS_REFUSED - operation not permitted on the default exchange")
-    assert _closed_with(lambda: conn.channel().exchange_bind("", "amq.direct", "k")) == default
-    assert _closed_with(lambda: conn.channel().exchange_bind("amq.direct", "", "k")) == default
+    assert closed_with(lambda: conn.channel().exchange_bind("", "amq.direct", "k")) == default
+    assert closed_with(lambda: conn.channel().exchange_bind("amq.direct", "", "k")) == default
     ch = conn.channel()
     ch.exchange_unbind(missing, "amq.direct", "k")  # unbinding what is not there succeeds
     ch.exchange_unbind("amq.fanout", "amq.direct", "never bound")

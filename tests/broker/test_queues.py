@@ -7,19 +7,13 @@ import time
 import pika
 import pytest
 
-from .helpers import connect, consume_n, drain, ready_count, wait_for
-
-
-@pytest.fixture
-def ch(conn):  # type: ignore[no-untyped-def]
-    return conn.channel()
+from .helpers import closed_with, connect, consume_n, drain, ready_count, wait_for
 
 
 def _closed_with(code: int, fn) -> str:  # type: ignore[no-untyped-def]
-    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
-        fn()
-    assert info.value.reply_code == code, info.value
-    return str(info.value.reply_text)
+    got, text = closed_with(fn)
+    assert got == code, (got, text)
+    return text
 
 
 def test_declare_returns_counts_and_passive_checks(ch, names) -> None:  # type: ignore[no-untyped-def]

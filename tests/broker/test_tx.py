@@ -4,21 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import pika
 import pytest
 
-from .helpers import connect, drain, ready_count
-
-
-@pytest.fixture
-def ch(conn):  # type: ignore[no-untyped-def]
-    return conn.channel()
-
-
-def _closed_with(fn) -> tuple[int, str]:  # type: ignore[no-untyped-def]
-    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
-        fn()
-    return info.value.reply_code, info.value.reply_text
+from .helpers import closed_with, connect, drain, ready_count
 
 
 def test_publishes_wait_for_commit_and_rollback_drops_them(amqp_url, ch, names) -> None:  # type: ignore[no-untyped-def]
@@ -69,7 +57,7 @@ def test_a_rolled_back_ack_leaves_the_message_unacked(amqp_url, names) -> None: 
 def test_unknown_tag_fails_at_the_ack_not_at_commit(ch) -> None:  # type: ignore[no-untyped-def]
     ch.tx_select()
     ch.basic_ack(999)
-    assert _closed_with(ch.tx_commit) == (406, "PRECONDITION_FAILED - unknown delivery tag 999")
+    assert closed_with(ch.tx_commit) == (406, "PRECONDITION_FAILED - unknown delivery tag 999")
 
 
 def test_mandatory_unroutable_is_returned_at_commit(amqp_url) -> None:  # type: ignore[no-untyped-def]
@@ -88,7 +76,7 @@ def test_mandatory_unroutable_is_returned_at_commit(amqp_url) -> None:  # type: 
 def test_publish_to_a_missing_exchange_fails_before_commit(ch) -> None:  # type: ignore[no-untyped-def]
     ch.tx_select()
     ch.basic_publish("test.no.such.exchange", "k", b"x")
-    code, text = _closed_with(ch.tx_commit)
+    code, text = closed_with(ch.tx_commit)
     assert (code, text) == (404, "NOT_FOUND - no exchange 'test.no.such.exchange' in vhost '/'")
 
 
@@ -105,7 +93,7 @@ def test_mode_refusals(ch, steps, text) -> None:  # type: ignore[no-untyped-def]
     calls = {"commit": ch.tx_commit, "rollback": ch.tx_rollback, "confirm": ch.confirm_delivery, "tx": ch.tx_select}
     for step in steps[:-1]:
         calls[step]()
-    assert _closed_with(calls[steps[-1]]) == (406, text)
+    assert closed_with(calls[steps[-1]]) == (406, text)
 
 
 def test_select_twice_is_fine(ch) -> None:  # type: ignore[no-untyped-def]
