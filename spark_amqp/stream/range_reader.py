@@ -64,7 +64,6 @@ class _RangeReader:
         self.failure: BaseException | None = None
         self.arrived = asyncio.Event()
         self.unacked = 0
-        self.last_tag = 0
         self.started = False
         self.gap: tuple[int, int] | None = None
         self.resumes = 0
@@ -107,7 +106,7 @@ class _RangeReader:
         connection = self.options.connection
         self.client = await AmqpClient.connect(connection, f"spark-amqp stream reader {self.part.stream}")
         channel = self.channel = await self.client.channel()
-        self.failure, self.unacked, self.last_tag, self.started = None, 0, 0, False
+        self.failure, self.unacked, self.started = None, 0, False
         channel.on_delivery = self._on_delivery
         channel.closed.add_done_callback(self._on_closed)
         await channel.rpc(framing.build(commands.Basic.Qos, prefetch_count=self.credit))
@@ -127,7 +126,6 @@ class _RangeReader:
             self.failure = not_a_stream(self.part.stream)
             self.arrived.set()
             return
-        self.last_tag = tag
         self.unacked += 1
         if self.unacked * 2 >= self.credit:  # credit back before it runs out
             assert self.channel is not None
