@@ -13,7 +13,7 @@ the producer, or pika's async publisher with ``--no-perftest``), then reads all
 of them from the first offset with:
 
 1. a raw pika stream consumer (SelectConnection, ``basic_qos(prefetch)``,
-   ``x-stream-offset=first``, a multi-ack every prefetch/2 to give credit back,
+   ``x-stream-offset=first``, a multi-ack every prefetch/16 (``ACK_SHARE``) to give credit back,
    as the source's executor readers do);
 2. PerfTest consuming the same stream over AMQP 0-9-1 (one consumer, same qos
    and multi-ack, consumer argument ``x-stream-offset=first``);
@@ -57,6 +57,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import pika
 import pika_baseline as pb
 from pyspark.sql.streaming import StreamingQueryListener
+
+from spark_amqp.stream.range_reader import ACK_SHARE
 
 BODY = b"x" * 200
 REPO = Path(__file__).resolve().parent.parent
@@ -453,7 +455,7 @@ def main() -> None:
             sys.exit(f"PerfTest's jars are not in {jars}: run `make perftest` (Maven), or pass --no-perftest")
     partitions = [int(p) for p in args.partitions.split(",") if p]
     cores = args.cores or max(partitions)
-    ack_every = max(1, args.prefetch // 2)
+    ack_every = max(1, args.prefetch // ACK_SHARE)  # the baselines give credit back as the source does
     stream = f"bench.stream.{os.getpid()}"
     warm = f"{stream}.warmup"
     delta_streams = [f"{stream}.delta.{i}" for i in range(2)]

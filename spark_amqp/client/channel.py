@@ -130,6 +130,16 @@ class ClientChannel:
         elif self._rpc is not None and not self._rpc.done():  # the reply to the pending rpc
             self._rpc.set_result(method)
 
+    @property
+    def idle(self) -> bool:
+        """No content is being assembled: a delivery may arrive whole."""
+        return self._pending is None and self._returning is None and self._props is None
+
+    def deliver(self, deliver: tuple[int, bool, str, str], header: bytes, body: bytes) -> None:
+        """A delivery whose frames all arrived together (``consumer.whole_delivery``)."""
+        if self.on_delivery is not None:
+            self.on_delivery(deliver[0], deliver[1], deliver[2], deliver[3], LazyProperties(header), body)
+
     def on_header(self, payload: bytes) -> None:
         self._size = consumer.body_size(payload)
         self._props = LazyProperties(payload)

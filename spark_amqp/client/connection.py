@@ -20,6 +20,7 @@ from pamqp import commands
 from .. import framing
 from ..errors import AmqpOptionError, AmqpProtocolError, CallbackFailed, ConnectionLost, DecodeError, HandshakeFailed, reply_error
 from ..options import ConnectionOptions
+from . import consumer
 from .channel import ClientChannel
 
 __all__ = ["AmqpClient", "tls_context"]
@@ -72,7 +73,7 @@ class AmqpClient(asyncio.Protocol):
         self.closed: asyncio.Future[AmqpProtocolError] = loop.create_future()
         self.frame_max = MAX_FRAME
         self.heartbeat = 0
-        self._buffer = bytearray()
+        self._tail = b""  # the start of a frame not yet whole
         self._opened: asyncio.Future[None] = loop.create_future()
         self._next_channel = 1
         self._last_recv = 0.0
@@ -124,26 +125,35 @@ class AmqpClient(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_recv = self.loop.time()
-        buf = self._buffer
-        buf += data
-        if not self._opened.done() and buf[:4] == b"AMQP":
-            self._lost(HandshakeFailed(f"the broker does not speak AMQP 0-9-1 (it answered {bytes(buf[:8])!r})"))
+        if self._tail:
+            data = self._tail + data
+        if not self._opened.done() and data[:4] == b"AMQP":
+            self._lost(HandshakeFailed(f"the broker does not speak AMQP 0-9-1 (it answered {data[:8]!r})"))
             return
         offset = 0
-        head = framing.FRAME_HEAD
+        size_of = len(data)
+        head = framing.FRAME_HEAD.unpack_from
+        channels = self.channels
         try:
-            while len(buf) - offset >= 8:
-                ftype, channel, size = head.unpack_from(buf, offset)
+            while size_of - offset >= 8:
+                ftype, channel, size = head(data, offset)
                 end = offset + 7 + size
-                if len(buf) <= end:
+                if size_of <= end:
                     break
-                payload = bytes(buf[offset + 7 : end])
+                if ftype == 1 and channel and data.startswith(consumer.DELIVER, offset + 7):
+                    # Most frames on a busy connection are deliveries whose three frames came
+                    # in one read: handing them over in one call halves the per-message cost.
+                    after = consumer.whole_delivery(data, offset + 7, end, channels.get(channel))
+                    if after:
+                        offset = after
+                        continue
+                payload = data[offset + 7 : end]
                 offset = end + 1
                 if channel == 0:
                     if ftype == 1:
                         self._on_connection_method(framing.decode_method(payload))
                     continue
-                ch = self.channels.get(channel)
+                ch = channels.get(channel)
                 if ch is None:
                     continue
                 if ftype == 1:
@@ -159,7 +169,7 @@ class AmqpClient(asyncio.Protocol):
             failure.__cause__ = err
             self.abort(failure)
         finally:
-            del buf[:offset]
+            self._tail = data[offset:]
 
     # -- connection class -------------------------------------------------------------
 

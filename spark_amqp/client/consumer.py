@@ -15,17 +15,20 @@ from pamqp import commands
 from .. import framing
 
 if TYPE_CHECKING:
+    from .channel import ClientChannel
     from .connection import AmqpClient
 
-__all__ = ["DELIVER", "body_size", "parse_deliver", "queue_depths"]
+__all__ = ["DELIVER", "body_size", "parse_deliver", "queue_depths", "whole_delivery"]
 
 DELIVER = struct.pack(">HH", 60, 60)
 _U64 = struct.Struct(">Q")
+_FRAME_HEAD = framing.FRAME_HEAD.unpack_from
+_BODY_SIZE = struct.Struct(">Q").unpack_from
 
 
-def parse_deliver(payload: bytes) -> tuple[int, bool, str, str]:
-    """basic.deliver: (delivery tag, redelivered, exchange, routing key); the consumer tag is skipped."""
-    offset = 4 + 1 + payload[4]
+def parse_deliver(payload: bytes, start: int = 0) -> tuple[int, bool, str, str]:
+    """basic.deliver at ``start``: (delivery tag, redelivered, exchange, routing key); the consumer tag is skipped."""
+    offset = start + 4 + 1 + payload[start + 4]
     tag = _U64.unpack_from(payload, offset)[0]
     redelivered = bool(payload[offset + 8] & 1)
     offset += 9
@@ -39,6 +42,36 @@ def parse_deliver(payload: bytes) -> tuple[int, bool, str, str]:
 
 def body_size(header: bytes) -> int:
     return int(_U64.unpack_from(header, 4)[0])
+
+
+def whole_delivery(data: bytes, start: int, end: int, channel: ClientChannel | None) -> int:
+    """Hand over the delivery whose method payload is ``data[start:end]`` if its header and (single)
+    body frame follow it in ``data``: the offset after them, or 0 to take the frames one by one."""
+    if channel is None or not channel.idle:
+        return 0
+    number = channel.number
+    available = len(data)
+    at = end + 1  # the content header frame
+    if available - at < 8:
+        return 0
+    ftype, ch, size = _FRAME_HEAD(data, at)
+    header_end: int = at + 7 + size
+    if ftype != 2 or ch != number or size < 14 or header_end >= available:
+        return 0
+    header = data[at + 7 : header_end]
+    expected: int = _BODY_SIZE(header, 4)[0]
+    if expected == 0:
+        channel.deliver(parse_deliver(data, start), header, b"")
+        return header_end + 1
+    at = header_end + 1  # the body frame
+    if available - at < 8:
+        return 0
+    ftype, ch, size = _FRAME_HEAD(data, at)
+    body_end: int = at + 7 + size
+    if ftype != 3 or ch != number or size != expected or body_end >= available:
+        return 0
+    channel.deliver(parse_deliver(data, start), header, data[at + 7 : body_end])
+    return body_end + 1
 
 
 async def queue_depths(client: AmqpClient, queues: list[str] | tuple[str, ...]) -> dict[str, int]:

@@ -18,7 +18,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["MAX_TIMESTAMP", "LazyProperties", "decode_properties"]
+__all__ = ["MAX_TIMESTAMP", "LazyProperties", "decode_properties", "find_header"]
 
 # Wire order of basic's properties; bit 15 of the flags is the first.
 NAMES = (
@@ -45,6 +45,7 @@ _U8 = struct.Struct(">B")
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
+_I64 = struct.Struct(">q")
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 
 
@@ -196,6 +197,59 @@ def decode_properties(plist: bytes) -> tuple[list[Any], bool]:
     return values, bad[0]
 
 
+_SKIP = {kind[0]: size for kind, (size, _) in _FIXED.items()}
+_SIZED = frozenset(b"SxAF")
+_HEADERS_FLAG = 1 << (15 - _INDEX["headers"])
+
+
+def find_header(header: bytes, key: bytes) -> tuple[int, int, int, int] | None:
+    """Where one header lies in a content header: (field type byte, offset of its value, offset of
+    its entry, offset of the table's size).
+
+    Walks the table's keys and skips values by their sizes, building no objects,
+    for a value wanted from every message (a stream's ``x-stream-offset``).
+    None when the key is absent, and also when the walk cannot tell (a
+    continued flag word, a value type of unknown size): ``decode_properties``
+    is the judge then.
+    """
+    try:
+        flags = _U16.unpack_from(header, 12)[0]
+        if not flags & _HEADERS_FLAG or flags & 1:
+            return None
+        table = 14
+        if flags & (1 << 15):  # content_type and content_encoding, the only properties before the table
+            table += 1 + header[table]
+        if flags & (1 << 14):
+            table += 1 + header[table]
+        end = table + 4 + _U32.unpack_from(header, table)[0]
+        offset = table + 4
+        wanted = len(key)
+        while offset < end:
+            klen = header[offset]
+            kind = header[offset + 1 + klen]
+            if klen == wanted and header.startswith(key, offset + 1):
+                return kind, offset + 2 + klen, offset, table
+            offset += 2 + klen
+            size = _SKIP.get(kind)
+            if size is None:
+                if kind not in _SIZED:
+                    return None
+                size = 4 + _U32.unpack_from(header, offset)[0]
+            offset += size
+    except (IndexError, struct.error):
+        pass
+    return None
+
+
+def _without_entry(header: bytes, table: int, start: int, end: int) -> bytes:
+    """``header`` without the table entry at ``start:end``; a table left empty goes with its flag."""
+    size = _U32.unpack_from(header, table)[0] - (end - start)
+    if size:
+        return b"".join((header[:table], _U32.pack(size), header[table + 4 : start], header[end:]))
+    flags = _U16.unpack_from(header, 12)[0] & ~_HEADERS_FLAG
+    return b"".join((header[:12], _U16.pack(flags), header[14:table], header[end:]))
+
+
 class LazyProperties:
     """A message's properties under pika's attribute names, decoded on first use.
 
@@ -239,6 +293,30 @@ class LazyProperties:
             v[2],  # headers
             self.header if self.undecodable else None,
         )
+
+    def pop_long_header(self, key: str) -> int | None:
+        """Take an integer header out of the properties (None, and nothing taken, if there is none).
+
+        For a broker's annotation that a column of its own holds: RabbitMQ adds
+        ``x-stream-offset`` to every stream delivery. It is read and cut out of
+        the raw header without decoding the rest when that can be done, so a
+        message the publisher sent without properties still has none.
+        """
+        found = find_header(self.header, key.encode()) if self._values is None else None
+        if found is not None and found[0] == 0x6C:  # 'l', what RabbitMQ writes
+            _, at, start, table = found
+            offset = int(_I64.unpack_from(self.header, at)[0])
+            self.header = _without_entry(self.header, table, start, at + 8)
+            return offset
+        values = self._decoded()
+        headers = values[2]
+        value = headers.get(key) if isinstance(headers, dict) else None
+        if not isinstance(value, int) or isinstance(value, bool):
+            return None
+        del headers[key]
+        if not headers:
+            values[2] = None
+        return value
 
     def __getattr__(self, name: str) -> Any:
         index = _INDEX.get("type" if name == "message_type" else name)

@@ -23,6 +23,7 @@ from pamqp import commands
 
 from .. import framing
 from ..client import AmqpClient, ClientChannel
+from ..client.properties import LazyProperties
 from ..errors import AmqpSourceError, PreconditionFailed
 
 __all__ = ["GRACE", "consume", "head", "not_a_stream", "offset_at", "stream_offset", "tail"]
@@ -33,10 +34,9 @@ GRACE = 0.02
 _tags = itertools.count(1)
 
 
-def stream_offset(props: Any) -> int | None:
-    headers = props.headers
-    value = headers.get("x-stream-offset") if isinstance(headers, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+def stream_offset(props: LazyProperties) -> int | None:
+    """The delivery's stream offset, taken out of its headers (the ``offset`` column holds it)."""
+    return props.pop_long_header("x-stream-offset")
 
 
 def not_a_stream(stream: str, refusal: BaseException | None = None) -> AmqpSourceError:

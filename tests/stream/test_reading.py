@@ -84,6 +84,24 @@ def test_a_range_is_read_exactly_in_offset_order(amqp_url: str, names) -> None: 
     assert offsets_and_ids(opts, StreamRange(s, 5, 5)) == []
 
 
+def test_headers_hold_what_the_publisher_sent_and_the_offset_its_own_column(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.basic_publish("", s, b"plain")
+    ch.basic_publish("", s, b"tagged", pika.BasicProperties(headers={"a": "1", "zz": 2}, content_type="text/plain", delivery_mode=2))
+    ch.basic_publish("", s, b"spoofed", pika.BasicProperties(headers={"x-stream-offset": "not mine"}))
+    conn.close()
+    rows = [r for b in read_range(options(amqp_url, s), StreamRange(s, 0, 3)) for r in b.to_pylist()]
+    assert [(r["offset"], r["body"], r["headers"], r["content_type"], r["raw_header"]) for r in rows] == [
+        (0, b"plain", None, None, None),
+        (1, b"tagged", [("a", "1"), ("zz", "2")], "text/plain", None),
+        (2, b"spoofed", None, None, None),  # the broker's offset replaced the publisher's header
+    ]
+
+
 def test_the_planner_finds_the_end_cheaply_and_plans_ranges(amqp_url: str, names, planners) -> None:  # type: ignore[no-untyped-def]
     s = names.queue("stream")
     declare_stream(amqp_url, s)
