@@ -2,8 +2,8 @@
 
 - ``publish_async``: SelectConnection keeping a window of outstanding confirms.
 - ``publish_sync``: BlockingConnection, one synchronous confirm per message.
-- ``consume``: SelectConnection with a prefetch and a multi-ack every ``ack_every``.
-- ``consume_stream``: the same on a stream queue, from an ``x-stream-offset`` (acks only give credit back).
+- ``consume``: SelectConnection with a prefetch and a multi-ack every ``ack_every``; on a stream
+  queue with consumer arguments (``x-stream-offset``).
 """
 
 from __future__ import annotations
@@ -74,37 +74,13 @@ def publish_sync(url: str, queue: str, count: int, body: bytes) -> float:
     return elapsed
 
 
-def consume(url: str, queue: str, count: int, prefetch: int = 1000, ack_every: int = 1000) -> float:
-    """Seconds to consume and multi-ack ``count`` messages."""
-    state = {"got": 0}
+def consume(
+    url: str, queue: str, count: int, prefetch: int = 1000, ack_every: int = 1000, arguments: dict[str, object] | None = None
+) -> float:
+    """Seconds to consume and multi-ack ``count`` messages.
 
-    def on_message(ch: pika.channel.Channel, method: pika.spec.Basic.Deliver, props: pika.BasicProperties, body: bytes) -> None:
-        state["got"] += 1
-        if state["got"] % ack_every == 0 or state["got"] == count:
-            ch.basic_ack(method.delivery_tag, multiple=True)
-        if state["got"] == count:
-            ch.connection.close()
-
-    def on_channel(ch: pika.channel.Channel) -> None:
-        ch.basic_qos(prefetch_count=prefetch, callback=lambda _: ch.basic_consume(queue, on_message))
-
-    conn = pika.SelectConnection(
-        pika.URLParameters(url),
-        on_open_callback=lambda c: c.channel(on_open_callback=on_channel),
-        on_close_callback=lambda c, r: c.ioloop.stop(),
-    )
-    start = time.perf_counter()
-    conn.ioloop.start()
-    elapsed = time.perf_counter() - start
-    if state["got"] != count:
-        raise RuntimeError(f"consumer got {state['got']} of {count}")
-    return elapsed
-
-
-def consume_stream(url: str, stream: str, count: int, prefetch: int = 2000, ack_every: int = 1000, offset: object = "first") -> float:
-    """Seconds to read ``count`` messages of a stream queue from ``offset``, acking (credit) every ``ack_every``.
-
-    ``ack_every`` must stay below ``prefetch``: on a stream the acks are what lets the broker send more.
+    On a stream queue pass ``arguments={"x-stream-offset": ...}``: acks only give credit back
+    there, so ``ack_every`` must stay below ``prefetch``.
     """
     state = {"got": 0}
 
@@ -116,10 +92,7 @@ def consume_stream(url: str, stream: str, count: int, prefetch: int = 2000, ack_
             ch.connection.close()
 
     def on_channel(ch: pika.channel.Channel) -> None:
-        ch.basic_qos(
-            prefetch_count=prefetch,
-            callback=lambda _: ch.basic_consume(stream, on_message, arguments={"x-stream-offset": offset}),
-        )
+        ch.basic_qos(prefetch_count=prefetch, callback=lambda _: ch.basic_consume(queue, on_message, arguments=arguments))
 
     conn = pika.SelectConnection(
         pika.URLParameters(url),
@@ -130,7 +103,7 @@ def consume_stream(url: str, stream: str, count: int, prefetch: int = 2000, ack_
     conn.ioloop.start()
     elapsed = time.perf_counter() - start
     if state["got"] != count:
-        raise RuntimeError(f"stream consumer got {state['got']} of {count}")
+        raise RuntimeError(f"consumer got {state['got']} of {count}")
     return elapsed
 
 

@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 
 import pika_baseline as pb
-from pyspark.sql.streaming import StreamingQueryListener
+from spark_runs import run_to_end
 
 BODY = b"x" * 200
 RUNNER = "python_streaming_source_runner"
@@ -116,47 +116,10 @@ def stream_once(spark, url: str, queue: str, sink: str, max_per_trigger: int, wo
         writer = writer.format("noop")
     else:
         writer = writer.format(sink.split("+")[0]).option("path", os.path.join(workdir, f"out-{run}"))
-    totals = ProgressTotals()
-    spark.streams.addListener(totals)
-    try:
-        start = time.perf_counter()
-        query = writer.start()
-        query.awaitTermination()
-        wall = time.perf_counter() - start
-    finally:
-        time.sleep(1)  # listener events are delivered asynchronously
-        spark.streams.removeListener(totals)
-    if query.exception() is not None:
-        raise RuntimeError(query.exception())
-    later = totals.batches[1:]
-    steady = sum(r for r, _ in later) / sum(t for _, t in later) if later else totals.rows / totals.seconds
-    return totals.seconds, wall, totals.rows, steady
-
-
-class ProgressTotals(StreamingQueryListener):  # type: ignore[misc]
-    """Rows and batch time over every batch (recentProgress keeps only the last 100)."""
-
-    def __init__(self) -> None:
-        self.rows = 0
-        self.seconds = 0.0
-        self.batches: list[tuple[int, float]] = []
-
-    def onQueryStarted(self, event) -> None:  # type: ignore[no-untyped-def]
-        pass
-
-    def onQueryProgress(self, event) -> None:  # type: ignore[no-untyped-def]
-        progress = event.progress
-        if progress.numInputRows:
-            seconds = progress.durationMs.get("triggerExecution", 0) / 1000.0
-            self.rows += progress.numInputRows
-            self.seconds += seconds
-            self.batches.append((progress.numInputRows, seconds))
-
-    def onQueryIdle(self, event) -> None:  # type: ignore[no-untyped-def]
-        pass
-
-    def onQueryTerminated(self, event) -> None:  # type: ignore[no-untyped-def]
-        pass
+    log, wall = run_to_end(spark, writer)
+    later = log.batches[1:]
+    steady = sum(b[0] for b in later) / sum(b[1] for b in later) if later else log.rows / log.seconds
+    return log.seconds, wall, log.rows, steady
 
 
 def preload(url: str, queue: str, count: int) -> None:

@@ -56,7 +56,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import pika
 import pika_baseline as pb
-from pyspark.sql.streaming import StreamingQueryListener
+from spark_runs import BatchLog, run_to_end
 
 from spark_amqp.stream.range_reader import ACK_SHARE
 
@@ -292,36 +292,6 @@ def spark_session(cores: int):  # type: ignore[no-untyped-def]
     return spark
 
 
-class BatchLog(StreamingQueryListener):  # type: ignore[misc]
-    """Every batch with rows: (rows, processing seconds, when the listener heard of it)."""
-
-    def __init__(self) -> None:
-        self.batches: list[tuple[int, float, float]] = []
-
-    @property
-    def rows(self) -> int:
-        return sum(b[0] for b in self.batches)
-
-    @property
-    def seconds(self) -> float:
-        return sum(b[1] for b in self.batches)
-
-    def onQueryStarted(self, event) -> None:  # type: ignore[no-untyped-def]
-        pass
-
-    def onQueryProgress(self, event) -> None:  # type: ignore[no-untyped-def]
-        progress = event.progress
-        if progress.numInputRows:
-            seconds = progress.durationMs.get("triggerExecution", 0) / 1000.0
-            self.batches.append((progress.numInputRows, seconds, time.monotonic()))
-
-    def onQueryIdle(self, event) -> None:  # type: ignore[no-untyped-def]
-        pass
-
-    def onQueryTerminated(self, event) -> None:  # type: ignore[no-untyped-def]
-        pass
-
-
 def stream_reader(spark, url: str, stream: str, prefetch: int, **options: object):  # type: ignore[no-untyped-def]
     reader = spark.readStream.format("amqp").option("uri", url).option("stream", stream).option("prefetch", str(prefetch))
     for key, value in options.items():
@@ -335,19 +305,7 @@ def available_now(spark, url: str, stream: str, partitions: int, args: argparse.
     run = f"noop-{partitions}-{time.monotonic_ns()}"
     df = stream_reader(spark, url, stream, args.prefetch, numPartitions=partitions, maxMessagesPerTrigger=args.max_per_trigger or None)
     writer = df.writeStream.format("noop").option("checkpointLocation", os.path.join(workdir, f"ckpt-{run}")).trigger(availableNow=True)
-    log = BatchLog()
-    spark.streams.addListener(log)
-    try:
-        start = time.perf_counter()
-        query = writer.start()
-        query.awaitTermination()
-        wall = time.perf_counter() - start
-    finally:
-        time.sleep(1)  # listener events are delivered asynchronously
-        spark.streams.removeListener(log)
-    if query.exception() is not None:
-        raise RuntimeError(query.exception())
-    return log, wall
+    return run_to_end(spark, writer)
 
 
 def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
@@ -474,7 +432,7 @@ def main() -> None:
 
         def baselines(when: str) -> tuple[float, float | None]:
             with CpuMeter() as cpu:
-                raw = args.messages / pb.consume_stream(url, stream, args.messages, args.prefetch, ack_every)
+                raw = args.messages / pb.consume(url, stream, args.messages, args.prefetch, ack_every, {"x-stream-offset": "first"})
             print(f"raw pika stream consumer ({when}): {raw:,.0f} msg/s\n    {cpu.summary(args.messages)}", flush=True)
             if jars is None:
                 return raw, None

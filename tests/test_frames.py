@@ -155,3 +155,12 @@ def test_an_offset_of_another_integer_type_or_behind_an_unknown_type_is_decoded_
     raw = struct.pack(">HHQH", 60, 0, 5, 0x2000) + struct.pack(">I", len(unknown)) + unknown
     assert find_header(raw, b"x-stream-offset") is None
     assert LazyProperties(raw).pop_long_header("x-stream-offset") is None  # the table is undecodable past 'a'
+
+
+def test_a_table_that_overruns_its_size_is_left_to_the_full_decode() -> None:
+    entry = b"\x0fx-stream-offsetl" + struct.pack(">q", 5)
+    for size in (len(entry) - 1, len(entry) + 1):  # cuts the value short; claims more than the header holds
+        raw = struct.pack(">HHQH", 60, 0, 5, 0x2000) + struct.pack(">I", size) + entry
+        assert find_header(raw, b"x-stream-offset") is None
+        lazy = LazyProperties(raw)
+        assert lazy.pop_long_header("x-stream-offset") is None and lazy.undecodable

@@ -222,20 +222,24 @@ def find_header(header: bytes, key: bytes) -> tuple[int, int, int, int] | None:
         if flags & (1 << 14):
             table += 1 + header[table]
         end = table + 4 + _U32.unpack_from(header, table)[0]
+        if end > len(header):
+            return None
         offset = table + 4
         wanted = len(key)
         while offset < end:
             klen = header[offset]
             kind = header[offset + 1 + klen]
-            if klen == wanted and header.startswith(key, offset + 1):
-                return kind, offset + 2 + klen, offset, table
-            offset += 2 + klen
+            at = offset + 2 + klen
             size = _SKIP.get(kind)
             if size is None:
                 if kind not in _SIZED:
                     return None
-                size = 4 + _U32.unpack_from(header, offset)[0]
-            offset += size
+                size = 4 + _U32.unpack_from(header, at)[0]
+            if at + size > end:
+                return None  # an entry overrunning its table: only the full decode can say what it is
+            if klen == wanted and header.startswith(key, offset + 1):
+                return kind, at, offset, table
+            offset = at + size
     except (IndexError, struct.error):
         pass
     return None
