@@ -34,8 +34,9 @@ log = logging.getLogger("spark_amqp.stream")
 BATCH_ROWS = 10_000
 MAX_RESUMES = 5
 # Credit goes back every prefetch/ACK_SHARE messages. RabbitMQ 3.10 refills a stream consumer
-# in the channel process with work that grows faster than the ack's size (ARCHITECTURE.md):
-# one consumer read 57-63k msg/s acking every 1000 of 2000, 75-85k acking every 125.
+# in its channel process with work that grows faster than the ack's size (README, "How a
+# batch is planned and read"): one consumer read 57-63k msg/s acking every 1000 of 2000,
+# 75-85k acking every 125.
 ACK_SHARE = 16
 _tags = itertools.count(1)
 
