@@ -163,8 +163,7 @@ def test_message_ttl_expires_and_dead_letters_with_x_death(ch, names) -> None:  
     ch.queue_bind(dead, dlx, "dead-key")
     ch.queue_declare(q, arguments={"x-message-ttl": 200, "x-dead-letter-exchange": dlx, "x-dead-letter-routing-key": "dead-key"})
     ch.basic_publish("", q, b"ephemeral", pika.BasicProperties(headers={"keep": "me"}, message_id="m1"))
-    time.sleep(0.6)
-    assert ch.queue_declare(q, passive=True).method.message_count == 0
+    wait_for(lambda: ch.queue_declare(q, passive=True).method.message_count == 0)
     got = wait_for(lambda: drain(ch, dead))
     (method, props, body) = got[0]
     assert body == b"ephemeral" and props.message_id == "m1" and props.headers["keep"] == "me"
@@ -180,7 +179,7 @@ def test_per_message_expiration(ch, names) -> None:  # type: ignore[no-untyped-d
     ch.queue_declare(q)
     ch.basic_publish("", q, b"short", pika.BasicProperties(expiration="100"))
     ch.basic_publish("", q, b"long", pika.BasicProperties(expiration="60000"))
-    time.sleep(0.4)
+    wait_for(lambda: ch.queue_declare(q, passive=True).method.message_count == 1)
     assert [b for _, _, b in drain(ch, q)] == [b"long"]
 
 

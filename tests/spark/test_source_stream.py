@@ -311,8 +311,9 @@ def test_connection_dropped_mid_stream(spark, tmp_path) -> None:  # type: ignore
             wait_for(lambda: broker.queue_stats("q")["consumers"] == 1, timeout=120)
             threading.Thread(target=producer, daemon=True).start()
             for _ in range(3):
-                time.sleep(1.5)
-                assert broker.drop_connections(name_contains="spark-amqp source") >= 1
+                time.sleep(1.5)  # spread the drops over the producer's run
+                # after the previous drop the source may still be reconnecting: drop it once it is back
+                wait_for(lambda: broker.drop_connections(name_contains="spark-amqp source") >= 1, timeout=60, interval=0.2)
             assert done.wait(120)
             wait_for(lambda: len(_rows(spark, out)) >= total, timeout=120, interval=1)
             wait_for(lambda: broker.queue_stats("q")["unacked"] == 0 and broker.queue_stats("q")["ready"] == 0, timeout=30)
@@ -336,7 +337,7 @@ def test_stopping_the_query_closes_the_consumer_cleanly(spark, tmp_path) -> None
         query.stop()
         # The source closes its connection when Spark stops it (through stop() or SIGTERM;
         # tests/source checks the handler), and the 50 unacked messages are back at once.
-        stopped = time.monotonic()
-        wait_for(lambda: broker.queue_stats("q") == {"ready": 50, "unacked": 0, "consumers": 0}, timeout=10)
-        assert time.monotonic() - stopped < 5
-        assert [n for n, _ in broker.ended_connections() if n.startswith("spark-amqp source")]
+        # Closed, not dropped: a connection the broker only finds dead (missed heartbeats) ends "lost".
+        wait_for(lambda: broker.queue_stats("q") == {"ready": 50, "unacked": 0, "consumers": 0}, timeout=60)
+        ended = [how for name, how in broker.ended_connections() if name.startswith("spark-amqp source")]
+        assert ended and set(ended) == {"closed by client"}, ended
