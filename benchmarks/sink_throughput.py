@@ -20,7 +20,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import pika_baseline as pb
-from source_throughput import broker_url, spark_session
+from source_throughput import broker_url
+from spark_runs import spark_session
 
 BODY = b"x" * 200
 
@@ -41,7 +42,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--sync-rows", type=int, default=20_000)
     args = parser.parse_args()
-    spark = spark_session()
+    spark = spark_session("spark-amqp sink benchmark")
     queue = "bench.sink"
     try:
         with broker_url() as (url, label):

@@ -32,26 +32,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 
 import pika_baseline as pb
-from spark_runs import run_to_end
+from spark_runs import run_to_end, spark_session
 
 BODY = b"x" * 200
 RUNNER = "python_streaming_source_runner"
-
-
-def spark_session():  # type: ignore[no-untyped-def]
-    from sparkenv import local_spark
-
-    spark = local_spark(
-        "spark-amqp source benchmark",
-        **{
-            "spark.sql.shuffle.partitions": "2",
-            "spark.driver.memory": "2g",
-            "spark.ui.showConsoleProgress": "false",
-            "spark.databricks.delta.snapshotPartitions": "2",
-        },
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
 
 
 def runner_pids() -> list[int]:
@@ -145,7 +129,7 @@ def main() -> None:
     parser.add_argument("--sinks", default="noop,parquet")
     parser.add_argument("--repeat", type=int, default=4, help="pairs of delta runs without and with the journal")
     args = parser.parse_args()
-    spark = spark_session()
+    spark = spark_session("spark-amqp source benchmark")
     workdir = tempfile.mkdtemp(prefix="amqp-bench-")
     queue = "bench.source"
     try:

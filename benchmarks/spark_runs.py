@@ -1,10 +1,28 @@
-"""What the Spark benchmarks share: the batches of a query, heard from a listener, and an AvailableNow run."""
+"""What the Spark benchmarks share: their session, the batches of a query heard from a listener, and an AvailableNow run."""
 
 from __future__ import annotations
 
 import time
 
 from pyspark.sql.streaming import StreamingQueryListener
+
+
+def spark_session(app_name: str, master: str = "local[2]"):  # type: ignore[no-untyped-def]
+    """A local session with Delta's jars, quiet, sized for the 2-core machine."""
+    from sparkenv import local_spark
+
+    spark = local_spark(
+        app_name,
+        master=master,
+        **{
+            "spark.sql.shuffle.partitions": "2",
+            "spark.driver.memory": "2g",
+            "spark.ui.showConsoleProgress": "false",
+            "spark.databricks.delta.snapshotPartitions": "2",
+        },
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
 
 
 class BatchLog(StreamingQueryListener):  # type: ignore[misc]

@@ -56,7 +56,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import pika
 import pika_baseline as pb
-from spark_runs import BatchLog, run_to_end
+from spark_runs import BatchLog, run_to_end, spark_session
 
 from spark_amqp.stream.range_reader import ACK_SHARE
 
@@ -275,23 +275,6 @@ def perftest_consume(jars: Path, url: str, stream: str, count: int, prefetch: in
 # -- Spark ------------------------------------------------------------------------------
 
 
-def spark_session(cores: int):  # type: ignore[no-untyped-def]
-    from sparkenv import local_spark
-
-    spark = local_spark(
-        "spark-amqp stream benchmark",
-        master=f"local[{cores}]",
-        **{
-            "spark.sql.shuffle.partitions": "2",
-            "spark.driver.memory": "2g",
-            "spark.ui.showConsoleProgress": "false",
-            "spark.databricks.delta.snapshotPartitions": "2",
-        },
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
-
-
 def stream_reader(spark, url: str, stream: str, prefetch: int, **options: object):  # type: ignore[no-untyped-def]
     reader = spark.readStream.format("amqp").option("uri", url).option("stream", stream).option("prefetch", str(prefetch))
     for key, value in options.items():
@@ -443,7 +426,7 @@ def main() -> None:
 
         before = baselines("before the Spark runs")
 
-        spark = spark_session(cores)
+        spark = spark_session("spark-amqp stream benchmark", f"local[{cores}]")
         declare_stream(url, warm)
         preload(url, warm, WARMUP_MESSAGES, jars)
         available_now(spark, url, warm, max(partitions), args, workdir)  # JVM and Python workers warm up; not measured
