@@ -60,23 +60,24 @@ wheel: $(WHEEL)
 
 ## Delta Lake's jars for local Spark sessions (examples/sparkenv.py): Spark's own
 ## resolver (spark.jars.packages) is not used, Maven copies them once.
+## $(call maven_copy,target,dir): a pom's runtime jars copied into dir, afresh; the stamp ($@) marks it done.
+define maven_copy
+	@command -v mvn >/dev/null 2>&1 || { echo "make $(1) needs Maven (mvn) and a JDK, e.g. apt-get install maven" >&2; exit 1; }
+	mkdir -p $(2)
+	rm -f $(2)/*.jar $@
+	mvn -B -q -f $< dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(abspath $(2))
+	touch $@
+endef
+
 $(JARS_STAMP): conf/delta/pom.xml
-	@command -v mvn >/dev/null 2>&1 || { echo "make jars needs Maven (mvn) and a JDK, e.g. apt-get install maven" >&2; exit 1; }
-	mkdir -p $(JARS_DIR)
-	rm -f $(JARS_DIR)/*.jar $(JARS_STAMP)
-	mvn -B -q -f conf/delta/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(abspath $(JARS_DIR))
-	touch $(JARS_STAMP)
+	$(call maven_copy,jars,$(JARS_DIR))
 
 jars: $(JARS_STAMP)
 
 ## RabbitMQ's PerfTest (Java) and its dependencies, the baseline of benchmarks/stream_throughput.py:
 ##   java -cp '.cache/perftest/*' com.rabbitmq.perf.PerfTest --help
 $(PERFTEST_STAMP): conf/perftest/pom.xml
-	@command -v mvn >/dev/null 2>&1 || { echo "make perftest needs Maven (mvn) and a JDK, e.g. apt-get install maven" >&2; exit 1; }
-	mkdir -p $(PERFTEST_DIR)
-	rm -f $(PERFTEST_DIR)/*.jar $(PERFTEST_STAMP)
-	mvn -B -q -f conf/perftest/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(abspath $(PERFTEST_DIR))
-	touch $(PERFTEST_STAMP)
+	$(call maven_copy,perftest,$(PERFTEST_DIR))
 
 perftest: $(PERFTEST_STAMP)
 
