@@ -1,13 +1,98 @@
-"""Broker-agnostic checks: ready/unacked counts on the embedded broker or a local RabbitMQ."""
+"""The brokers under test, and broker-agnostic checks (ready/unacked counts, dropping connections).
+
+Real RabbitMQ nodes come from ``AMQP_TEST_BROKERS`` (``name=url`` pairs separated by spaces,
+as ``tools/rabbitmq urls`` prints them, e.g. ``3.10=amqp://… 4.3=amqp://…``), or from
+``AMQP_TEST_URL`` for a single node called ``rabbitmq``. Each has a version, read from the
+broker's own ``version`` server property, so that a test can say what each line does where
+RabbitMQ 3.10 and 4.x differ. The embedded broker models the newest 4.x line CI runs.
+"""
 
 from __future__ import annotations
 
-import shutil
+import functools
+import os
+import re
+import shlex
 import subprocess
+from dataclasses import dataclass
+from pathlib import Path
 
 import pika
 
 from spark_amqp.broker import EmbeddedBroker
+from spark_amqp.broker.server import MODELLED_VERSION
+
+TOOLS = Path(__file__).resolve().parent.parent / "tools" / "rabbitmq"
+
+
+@dataclass(frozen=True)
+class RealBroker:
+    name: str  # "3.10", "4.0", "4.3", or "rabbitmq" (AMQP_TEST_URL)
+    url: str
+
+    @property
+    def ctl(self) -> list[str]:
+        """The rabbitmqctl command for this node (inside its chroot for the nodes tools/rabbitmq runs)."""
+        override = os.environ.get("AMQP_TEST_CTL")
+        if override and self.name == "rabbitmq":
+            return shlex.split(override)
+        if self.name == "rabbitmq":
+            return ["rabbitmqctl"]
+        return [str(TOOLS), "ctl", self.name]
+
+    @functools.cached_property
+    def version(self) -> tuple[int, int]:
+        return version_of(self.url)
+
+
+def _parse_real() -> list[RealBroker]:
+    listed = os.environ.get("AMQP_TEST_BROKERS", "").split()
+    if listed:
+        out = []
+        for item in listed:
+            name, sep, url = item.partition("=")
+            if not sep or not url:
+                raise RuntimeError(f"AMQP_TEST_BROKERS: {item!r} is not name=url")
+            out.append(RealBroker(name, url))
+        return out
+    single = os.environ.get("AMQP_TEST_URL")
+    return [RealBroker("rabbitmq", single)] if single else []
+
+
+REAL = _parse_real()
+_BY_URL = {b.url: b for b in REAL}
+
+
+def version_of(url: str) -> tuple[int, int]:
+    """(major, minor) of the broker at ``url``, from its ``version`` server property."""
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        raw = conn._impl.server_properties.get("version", b"")
+    finally:
+        conn.close()
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    match = re.match(r"(\d+)\.(\d+)", text)
+    if not match:
+        raise RuntimeError(f"{url}: no version in the server properties ({text!r})")
+    return int(match.group(1)), int(match.group(2))
+
+
+def by_version() -> list[RealBroker]:
+    return sorted(REAL, key=lambda b: b.version)
+
+
+def version(url: str, embedded: EmbeddedBroker | None = None) -> tuple[int, int]:
+    """The RabbitMQ line the broker at ``url`` behaves as (the embedded broker models MODELLED_VERSION)."""
+    if embedded is not None and url == embedded.url:
+        return MODELLED_VERSION
+    real = _BY_URL.get(url)
+    return real.version if real is not None else version_of(url)
+
+
+def _ctl(url: str, *args: str) -> str:
+    real = _BY_URL.get(url)
+    command = real.ctl if real is not None else ["rabbitmqctl"]
+    return subprocess.run([*command, *args], check=True, capture_output=True, text=True, timeout=60).stdout
 
 
 def counts(url: str, queue: str, embedded: EmbeddedBroker | None) -> tuple[int, int]:
@@ -15,16 +100,7 @@ def counts(url: str, queue: str, embedded: EmbeddedBroker | None) -> tuple[int, 
     if embedded is not None and url == embedded.url:
         stats = embedded.queue_stats(queue)
         return stats["ready"], stats["unacked"]
-    ctl = shutil.which("rabbitmqctl")
-    if ctl is None:
-        raise RuntimeError("rabbitmqctl is needed to read unacked counts from RabbitMQ")
-    out = subprocess.run(
-        [ctl, "list_queues", "-q", "--no-table-headers", "name", "messages_ready", "messages_unacknowledged"],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    ).stdout
+    out = _ctl(url, "list_queues", "-q", "--no-table-headers", "name", "messages_ready", "messages_unacknowledged")
     for line in out.splitlines():
         parts = line.split("\t")
         if parts[0] == queue:
@@ -49,20 +125,11 @@ def drop_source_connections(url: str, embedded: EmbeddedBroker | None, name_cont
     consumer connections), as a network failure would; how many were cut."""
     if embedded is not None and url == embedded.url:
         return embedded.drop_connections(name_contains=name_contains)
-    ctl = shutil.which("rabbitmqctl")
-    if ctl is None:
-        raise RuntimeError("rabbitmqctl is needed to close connections on RabbitMQ")
-    listing = subprocess.run(
-        [ctl, "list_connections", "-q", "--no-table-headers", "pid", "client_properties"],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    ).stdout
+    listing = _ctl(url, "list_connections", "-q", "--no-table-headers", "pid", "client_properties")
     cut = 0
     for line in listing.splitlines():
         pid, _, props = line.partition("\t")
         if name_contains in props and "depth" not in props:
-            subprocess.run([ctl, "close_connection", pid, "test: connection dropped"], check=True, capture_output=True, timeout=60)
+            _ctl(url, "close_connection", pid, "test: connection dropped")
             cut += 1
     return cut

@@ -1,13 +1,16 @@
 """Shared fixtures: the brokers under test and unique names.
 
 Broker-facing tests take ``amqp_url``, parametrized over the embedded broker
-(always) and a real RabbitMQ (when ``AMQP_TEST_URL`` is set). Fault-injection
-tests take ``embedded``, a fresh embedded broker of their own.
+(always) and every real RabbitMQ in ``AMQP_TEST_BROKERS`` (or ``AMQP_TEST_URL``;
+see ``tests/brokers.py``). Spark tests run on the embedded broker and on the
+oldest and the newest real one only: Spark is slow, and what differs between
+RabbitMQ lines is covered by the tests without Spark. ``broker_version`` says
+which RabbitMQ line the broker of a test behaves as. Fault-injection tests take
+``embedded``, a fresh embedded broker of their own.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import uuid
 from collections.abc import Iterator
@@ -17,7 +20,12 @@ import pytest
 
 from spark_amqp.broker import EmbeddedBroker
 
-REAL_URL = os.environ.get("AMQP_TEST_URL")
+from . import brokers
+
+# The real broker a test that needs one (and only one) uses: the newest.
+REAL_URL = brokers.by_version()[-1].url if brokers.REAL else None
+_REAL_PARAMS = {f"rabbitmq-{b.name}" if b.name != "rabbitmq" else "rabbitmq": b for b in brokers.REAL}
+_SPARK_PARAMS = {"embedded"} | {p for p, b in _REAL_PARAMS.items() if b in (brokers.by_version()[0], brokers.by_version()[-1])}
 
 
 @pytest.fixture(scope="session")
@@ -26,27 +34,40 @@ def shared_embedded() -> Iterator[EmbeddedBroker]:
         yield broker
 
 
-@pytest.fixture(params=["embedded", "rabbitmq"])
+@pytest.fixture(params=["embedded", *_REAL_PARAMS] if _REAL_PARAMS else ["embedded", "rabbitmq"])
 def broker_kind(request: pytest.FixtureRequest) -> str:
-    if request.param == "rabbitmq" and not REAL_URL:
-        pytest.skip("AMQP_TEST_URL not set: real RabbitMQ not available")
+    if request.param != "embedded" and not _REAL_PARAMS:
+        pytest.skip("AMQP_TEST_BROKERS / AMQP_TEST_URL not set: real RabbitMQ not available")
     return str(request.param)
 
 
-# Stream queues arrive in the embedded broker with its stream module; until then the
-# stream tests run on RabbitMQ only.
-EMBEDDED_STREAMS = importlib.util.find_spec("spark_amqp.broker.stream") is not None
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Spark tests: the embedded broker and the oldest and newest RabbitMQ only (deselected elsewhere)."""
+    keep, drop = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        kind = callspec.params.get("broker_kind") if callspec is not None else None
+        if kind is not None and item.get_closest_marker("spark") and kind in _REAL_PARAMS and kind not in _SPARK_PARAMS:
+            drop.append(item)
+        else:
+            keep.append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 @pytest.fixture
 def amqp_url(broker_kind: str, request: pytest.FixtureRequest) -> str:
-    if broker_kind == "embedded" and request.node.get_closest_marker("streams") and not EMBEDDED_STREAMS:
-        pytest.skip("the embedded broker has no stream queues yet")
     if broker_kind == "embedded":
         broker: EmbeddedBroker = request.getfixturevalue("shared_embedded")
         return broker.url
-    assert REAL_URL
-    return REAL_URL
+    return _REAL_PARAMS[broker_kind].url
+
+
+@pytest.fixture
+def broker_version(amqp_url: str, embedded_or_none: EmbeddedBroker | None) -> tuple[int, int]:
+    """(major, minor) of the RabbitMQ line the test's broker behaves as: tests assert each line's behaviour."""
+    return brokers.version(amqp_url, embedded_or_none)
 
 
 @pytest.fixture

@@ -14,9 +14,9 @@ from .. import errors, framing
 from . import codec
 from .consumer import Consumer
 from .declare import DeclareMethods
-from .message import Message
+from .message import Message, sorted_headers
 from .queue import QUORUM_DEFAULT_PREFETCH, Queue
-from .settle import SettleMethods, Unacked
+from .settle import RETURN, SettleMethods, Unacked
 from .tx import Publish, Transaction, TxMethods
 
 if TYPE_CHECKING:
@@ -38,8 +38,6 @@ class Channel(DeclareMethods, SettleMethods, TxMethods):
         self.unacked: OrderedDict[int, Unacked] = OrderedDict()
         self.next_tag = 0
         self.consumer_prefetch = 0
-        self.global_prefetch = 0
-        self.global_unacked = 0
         self.confirming = False
         self.tx: Transaction | None = None
         self.publish_seq = 0
@@ -151,7 +149,7 @@ class Channel(DeclareMethods, SettleMethods, TxMethods):
         if self.confirming:
             self.publish_seq += 1
             seq = self.publish_seq
-        message = Message(exchange, routing_key, header, body)
+        message = Message(exchange, routing_key, sorted_headers(header), body)
         queues = self.vhost.route(exchange, message)
         if self.tx is not None:
             self.tx.publishes.append(Publish(queues, message, mandatory))
@@ -214,7 +212,6 @@ class Channel(DeclareMethods, SettleMethods, TxMethods):
         if not consumer.no_ack:
             self.unacked[tag] = Unacked(queue, message, consumer, conn.loop_time(), tag)
             consumer.unacked += 1
-            self.global_unacked += 1
             queue.unacked += 1
         conn.write(codec.deliver_method(self.number, consumer.tag_wire, tag, message.redelivered, message.exchange, message.routing_key))
         conn.write_content(self.number, message.header, message.body)
@@ -240,12 +237,9 @@ class Channel(DeclareMethods, SettleMethods, TxMethods):
     def _on_qos(self, method: B.Qos) -> None:
         if method.prefetch_size:
             raise errors.NotImplemented_(f"prefetch_size!=0 ({method.prefetch_size})")
-        if method.global_:
-            self.global_prefetch = method.prefetch_count
-        else:
-            # RabbitMQ lifts the channel-wide limit on a per-consumer basic.qos.
-            self.consumer_prefetch = method.prefetch_count
-            self.global_prefetch = 0
+        # RabbitMQ 4.3 denies the deprecated feature global_qos by default: a global
+        # basic.qos is taken as a per-consumer one (3.10 and 4.0 limit the channel).
+        self.consumer_prefetch = method.prefetch_count
         self.connection.send_method(self.number, B.QosOk())
         for consumer in self.consumers.values():
             consumer.queue.dispatch()
@@ -258,15 +252,13 @@ class Channel(DeclareMethods, SettleMethods, TxMethods):
         prefetch = self.consumer_prefetch
         start = None
         if queue.is_stream:
-            start = queue.check_consume(method.arguments or {}, bool(method.no_ack), prefetch, self.global_prefetch)  # type: ignore[attr-defined]
+            start = queue.check_consume(method.arguments or {}, bool(method.no_ack), prefetch)  # type: ignore[attr-defined]
         elif method.arguments and "x-stream-offset" in method.arguments:
             # RabbitMQ refuses it on other queue types: how a reader learns, before any
             # ack, that the queue is not a stream (where an ack would delete).
             kind = "rabbit_quorum_queue" if queue.is_quorum else "rabbit_classic_queue"
             raise errors.PreconditionFailed(f"invalid arg 'x-stream-offset' for queue '{queue.name}' in vhost '/' of queue type {kind}")
         elif queue.is_quorum:
-            if self.global_prefetch:
-                raise errors.NotImplemented_(f"queue '{queue.name}' in vhost '/' does not support global qos")
             prefetch = prefetch or QUORUM_DEFAULT_PREFETCH
         consumer = Consumer(tag, self, queue, bool(method.no_ack), bool(method.exclusive), prefetch)
         if start is not None:
@@ -317,6 +309,6 @@ class Channel(DeclareMethods, SettleMethods, TxMethods):
         self.consumers.clear()
         if self.tx is not None:
             self.tx.rollback(self)  # what the transaction held goes back unsettled, then is requeued
-        self.settle(self._take(0, True), True)
+        self.settle(self._take(0, True), RETURN)
         for consumer in consumers:
             self.vhost.consumer_gone(consumer.queue)

@@ -27,6 +27,9 @@ C = commands.Connection
 CLOSE_OK_TIMEOUT = 2.0
 
 
+AMQP_1_0_SASL_HEADER = b"AMQP\x03\x01\x00\x00"
+
+
 class BrokerConnection(HandshakeMethods, asyncio.Protocol):
     def __init__(self, server: BrokerServer) -> None:
         self.server = server
@@ -123,9 +126,12 @@ class BrokerConnection(HandshakeMethods, asyncio.Protocol):
             del buf[:offset]
 
     def _reject_header(self) -> None:
-        # RabbitMQ answers a bad header with the header it speaks, then closes.
+        # RabbitMQ answers a bad header with the header it speaks, then closes. 4.x serves
+        # AMQP 1.0 on the same port and offers that (its SASL header) unless the client
+        # asked for another AMQP 0-9 revision; 3.10 always offered 0-9-1.
         assert self.transport is not None
-        self.transport.write(framing.PROTOCOL_HEADER)
+        asked = bytes(self.buffer[:8])
+        self.transport.write(framing.PROTOCOL_HEADER if asked.startswith(b"AMQP\x00\x00\x09") else AMQP_1_0_SASL_HEADER)
         self.state = "closed"
         self.transport.close()
 

@@ -32,9 +32,7 @@ class Consumer:
             return False
         if self.no_ack:
             return True
-        if self.prefetch and self.unacked >= self.prefetch:
-            return False
-        return not (channel.global_prefetch and channel.global_unacked >= channel.global_prefetch)
+        return not (self.prefetch and self.unacked >= self.prefetch)
 
     def deliver(self, queue: Queue, message: Message) -> None:
         self.channel.deliver(self, queue, message)

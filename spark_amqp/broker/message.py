@@ -14,11 +14,12 @@ from typing import Any
 
 from pamqp import commands
 
+from .. import errors
 from . import codec
 
 
 class Message:
-    __slots__ = ("body", "deliveries", "exchange", "expires_at", "header", "redelivered", "routing_key", "seq")
+    __slots__ = ("acquired", "body", "deaths", "delivery_count", "exchange", "expires_at", "first_death", "header", "redelivered", "routing_key", "seq")
 
     def __init__(self, exchange: str, routing_key: str, header: bytes, body: bytes) -> None:
         self.exchange = exchange
@@ -28,11 +29,20 @@ class Message:
         self.seq = 0
         self.redelivered = False
         self.expires_at = 0.0  # loop time; 0 means never
-        self.deliveries = 0
+        # A quorum queue's counts of returns: every one (x-acquired-count), and those that
+        # count towards its delivery-limit (x-delivery-count), as RabbitMQ 4.3 keeps them.
+        self.acquired = 0
+        self.delivery_count = 0
+        # Where it was dead-lettered before, newest first: what the broker itself recorded,
+        # never an x-death header a publisher sent (RabbitMQ 4.x keeps it as annotations).
+        self.deaths: list[Death] = []
+        self.first_death: Death | None = None
 
     def copy_for_queue(self) -> Message:
-        """Each queue owns its position, TTL and redelivered flag; bytes are shared."""
-        return Message(self.exchange, self.routing_key, self.header, self.body)
+        """Each queue owns its position, TTL, redelivered flag and return counts; bytes are shared."""
+        copy = Message(self.exchange, self.routing_key, self.header, self.body)
+        copy.deaths, copy.first_death = self.deaths, self.first_death
+        return copy
 
     @property
     def size(self) -> int:
@@ -93,57 +103,87 @@ def with_header_entries(header: bytes, update: dict[str, bytes], drop_expiration
     return codec.join_properties(body_size, new_parts)
 
 
+class Death:
+    __slots__ = ("count", "exchange", "expiration", "queue", "reason", "routing_key", "time")
+
+    def __init__(self, queue: str, reason: str, exchange: str, routing_key: str, expiration: str | None, time: int) -> None:
+        self.queue, self.reason, self.exchange, self.routing_key = queue, reason, exchange, routing_key
+        self.expiration, self.time, self.count = expiration, time, 1
+
+    def encode(self) -> bytes:
+        parts: list[tuple[str, bytes]] = [
+            ("count", b"l" + struct.pack(">q", self.count)),
+            ("reason", _longstr(self.reason)),
+            ("queue", _longstr(self.queue)),
+            ("time", b"T" + struct.pack(">Q", self.time)),
+            ("exchange", _longstr(self.exchange)),
+            ("routing-keys", b"A" + _array([self.routing_key])),
+        ]
+        if self.expiration is not None:
+            parts.append(("original-expiration", _longstr(self.expiration)))
+        return b"F" + codec.join_table(parts)
+
+
+def sorted_headers(header: bytes) -> bytes:
+    """``header`` with its headers table sorted by key, as RabbitMQ 4.x re-encodes every message
+    it stores (3.10 kept the publisher's bytes); every other property keeps its encoding."""
+    if not codec.header_flags(header) & codec.FLAG_HEADERS:
+        return header
+    try:
+        _, parts = codec.split_properties(header)
+        raw = _find(parts, "headers")
+        keys = [k.encode("utf-8") for k, _ in codec.split_table(raw)] if raw is not None else []
+    except (errors.AmqpProtocolError, ValueError, IndexError, struct.error):
+        return header  # left as sent: it is refused or decoded leniently further on
+    if keys == sorted(keys):
+        return header
+    return with_header_entries(header, {}, sort_keys=True)
+
+
 def _longstr(value: str) -> bytes:
     raw = value.encode("utf-8")
     return b"S" + struct.pack(">I", len(raw)) + raw
 
 
-def _timestamp(now: datetime.datetime) -> bytes:
-    return b"T" + struct.pack(">Q", int(now.timestamp()))
+def dead_letter(message: Message, queue: str, reason: str, exchange: str, routing_key: str) -> Message:
+    """The copy RabbitMQ 4.x dead-letters, routed to ``exchange`` with ``routing_key``.
 
-
-def dead_letter_header(message: Message, queue: str, reason: str) -> bytes:
-    """The content header RabbitMQ 3.10 gives a dead-lettered message.
-
-    x-death is a list of tables, newest first, one per (queue, reason) with a
-    count; x-first-death-* record the first time. Per-message expiration is
-    moved to ``original-expiration`` so the copy does not expire again.
+    x-death lists the broker's own record of earlier deaths, newest first, one entry
+    per (queue, reason) with a count; x-first-death-* and x-last-death-* name the first
+    and the latest. A per-message expiration moves to ``original-expiration`` so the
+    copy does not expire again.
     """
-    headers = message.headers()
-    deaths: list[dict[str, Any]] = list(headers.get("x-death") or [])
     expiration = None
     if codec.header_flags(message.header) & codec.FLAG_EXPIRATION:
         expiration = codec.decode_properties(message.header).expiration
-    now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
-    existing = None
-    for entry in deaths:
-        if isinstance(entry, dict) and entry.get("queue") == queue and entry.get("reason") == reason:
-            existing = entry
-            break
-    if existing is not None:
-        deaths.remove(existing)
-        count = int(existing.get("count", 0)) + 1
+    now = int(datetime.datetime.now(datetime.timezone.utc).timestamp())
+    deaths = list(message.deaths)
+    same = next((d for d in deaths if d.queue == queue and d.reason == reason), None)
+    if same is not None:
+        deaths.remove(same)
+        death = Death(queue, reason, message.exchange, message.routing_key, same.expiration or expiration, now)
+        death.count = same.count + 1
     else:
-        count = 1
-    entry_parts: list[tuple[str, bytes]] = [
-        ("count", b"l" + struct.pack(">q", count)),
-        ("reason", _longstr(reason)),
-        ("queue", _longstr(queue)),
-        ("time", _timestamp(now)),
-        ("exchange", _longstr(message.exchange)),
-        ("routing-keys", b"A" + _array([message.routing_key])),
-    ]
-    if expiration is not None:
-        entry_parts.append(("original-expiration", _longstr(str(expiration))))
-    new_entry = b"F" + codec.join_table(entry_parts)
-    old_entries = [codec.encode_value(entry) for entry in deaths]
-    death_array = b"A" + _raw_array([new_entry, *old_entries])
-    update = {"x-death": death_array}
-    if "x-first-death-queue" not in headers:
-        update["x-first-death-exchange"] = _longstr(message.exchange)
-        update["x-first-death-queue"] = _longstr(queue)
-        update["x-first-death-reason"] = _longstr(reason)
-    return with_header_entries(message.header, update, drop_expiration=expiration is not None)
+        death = Death(queue, reason, message.exchange, message.routing_key, expiration, now)
+    deaths.insert(0, death)
+    first = message.first_death or death
+    update = {
+        "x-death": b"A" + _raw_array([d.encode() for d in deaths]),
+        "x-first-death-exchange": _longstr(first.exchange),
+        "x-first-death-queue": _longstr(first.queue),
+        "x-first-death-reason": _longstr(first.reason),
+        "x-last-death-exchange": _longstr(death.exchange),
+        "x-last-death-queue": _longstr(death.queue),
+        "x-last-death-reason": _longstr(death.reason),
+    }
+    dead = Message(
+        exchange,
+        routing_key,
+        with_header_entries(message.header, update, drop_expiration=expiration is not None, sort_keys=True),
+        message.body,
+    )
+    dead.deaths, dead.first_death = deaths, first
+    return dead
 
 
 def _array(values: list[str]) -> bytes:
@@ -155,6 +195,12 @@ def _raw_array(items: list[bytes]) -> bytes:
     return struct.pack(">I", len(payload)) + payload
 
 
-def with_delivery_count(header: bytes, count: int) -> bytes:
-    """Quorum queues stamp redeliveries with x-delivery-count."""
-    return with_header_entries(header, {"x-delivery-count": b"l" + struct.pack(">q", count)})
+def with_return_counts(header: bytes, acquired: int, delivery_count: int) -> bytes:
+    """Quorum queues stamp a redelivery with how often it came back (RabbitMQ 4.3: x-acquired-count
+    for every return, x-delivery-count for those that count towards the delivery-limit)."""
+    update = {}
+    if acquired:
+        update["x-acquired-count"] = b"l" + struct.pack(">q", acquired)
+    if delivery_count:
+        update["x-delivery-count"] = b"l" + struct.pack(">q", delivery_count)
+    return with_header_entries(header, update, sort_keys=True) if update else header

@@ -9,12 +9,13 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from .. import errors
-from .message import Message, with_delivery_count
+from .message import Message, with_return_counts
 
 if TYPE_CHECKING:
     from .consumer import Consumer
 
 QUORUM_DEFAULT_PREFETCH = 2000
+QUORUM_DEFAULT_DELIVERY_LIMIT = 20  # RabbitMQ 4.x; 3.10 had none
 OVERFLOW_MODES = ("drop-head", "reject-publish", "reject-publish-dlx")
 QUEUE_TYPES = ("classic", "quorum")
 
@@ -48,6 +49,14 @@ class QueueArguments:
                 raise errors.PreconditionFailed(f"invalid property 'exclusive-owner' for queue '{name}' in vhost '/'")
             if auto_delete:
                 raise errors.PreconditionFailed(f"invalid property 'auto-delete' for queue '{name}' in vhost '/'")
+        self.delivery_limit: int | None = None
+        if kind == "quorum":
+            limit = args.get("x-delivery-limit", QUORUM_DEFAULT_DELIVERY_LIMIT)
+            if isinstance(limit, bool) or not isinstance(limit, int):
+                raise errors.PreconditionFailed(
+                    f"invalid arg 'x-delivery-limit' for queue '{name}' in vhost '/': {{unacceptable_type,{type(limit).__name__}}}"
+                )
+            self.delivery_limit = limit if limit >= 0 else None  # -1: no limit (4.0+)
         dlx = args.get("x-dead-letter-exchange")
         self.dead_letter_exchange: str | None = dlx.decode() if isinstance(dlx, bytes) else dlx
         dlrk = args.get("x-dead-letter-routing-key")
@@ -141,6 +150,10 @@ class Queue:
     # -- consuming --------------------------------------------------------
 
     def add_consumer(self, consumer: Consumer) -> None:
+        if self.is_quorum:  # RabbitMQ (3.10 to 4.3) ignores exclusive on a quorum queue's basic.consume
+            self.consumers.append(consumer)
+            self.had_consumer = True
+            return
         if consumer.exclusive and self.consumers:
             raise errors.AccessRefused(f"queue '{self.name}' in vhost '/' in exclusive use")
         if any(c.exclusive for c in self.consumers):
@@ -186,22 +199,37 @@ class Queue:
         return self._prepare(self.ready.popleft(), via_get=True)
 
     def _prepare(self, message: Message, via_get: bool) -> Message:
-        # RabbitMQ 3.10 quorum queues stamp x-delivery-count on redeliveries, and on
-        # every basic.get (0 the first time) but not on a first basic.deliver.
-        if self.is_quorum and (message.deliveries or via_get):
-            message.header = with_delivery_count(message.header, message.deliveries)
-        message.deliveries += 1
+        # RabbitMQ 4.x quorum queues stamp the return counts on redeliveries only
+        # (3.10 also stamped x-delivery-count 0 on a first basic.get).
+        if self.is_quorum and message.acquired:
+            message.header = with_return_counts(message.header, message.acquired, message.delivery_count)
         return message
 
-    def requeue(self, messages: Iterable[Message]) -> None:
-        """Put returned deliveries back at their original positions, flagged redelivered."""
+    def requeue(self, messages: Iterable[Message], counted: bool = True) -> None:
+        """Put returned deliveries back at their original positions, flagged redelivered.
+
+        ``counted``: the return counts towards a quorum queue's delivery-limit (a reject or a
+        closed channel; not a nack or recover, on RabbitMQ 4.3). Past the limit a message is
+        dead-lettered, or dropped when the queue has no dead-letter exchange, as RabbitMQ does.
+        """
         if self.deleted:
             return
         returned = sorted(messages, key=lambda m: m.seq)
         if not returned:
             return
+        limit = self.args.delivery_limit
+        kept = []
         for message in returned:
             message.redelivered = True
+            message.acquired += 1
+            message.delivery_count += counted
+            if limit is not None and message.delivery_count > limit:
+                self._dead_letter(self, message, "delivery_limit")
+            else:
+                kept.append(message)
+        if not kept:
+            return
+        returned = kept
         ready = self.ready
         if not ready or returned[-1].seq < ready[0].seq:
             ready.extendleft(reversed(returned))
@@ -269,12 +297,23 @@ class Queue:
             mine = self.arguments.get(key)
             theirs = arguments.get(key)
             if mine != theirs:
-                return f"inequivalent arg '{key}' for queue '{self.name}' in vhost '/': received {_arg(theirs)} but current is {_arg(mine)}"
+                return inequivalent(self.name, key, theirs, mine)
         return None
 
 
 def _b(value: bool) -> str:
     return "true" if value else "false"
+
+
+def inequivalent(queue: str, key: str, theirs: Any, mine: Any) -> str:
+    where = f"queue '{queue}' in vhost '/'"
+    if key == "x-queue-type":  # RabbitMQ 4.x names the types (3.10: "received none but current is the value ...")
+        return f"inequivalent arg '{key}' for {where}: received '{_text(theirs) or 'classic'}' but current is '{_text(mine) or 'classic'}'"
+    return f"inequivalent arg '{key}' for {where}: received {_arg(theirs)} but current is {_arg(mine)}"
+
+
+def _text(value: Any) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _arg(value: Any) -> str:

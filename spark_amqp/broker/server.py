@@ -13,13 +13,15 @@ from typing import Any, TypeVar
 from .. import errors
 from .connection import BrokerConnection
 from .faults import Faults
+from .handshake import MODELLED_VERSION
 from .vhost import VirtualHost
 
 log = logging.getLogger("spark_amqp.broker")
 T = TypeVar("T")
+__all__ = ["MODELLED_VERSION", "BrokerServer", "EmbeddedBroker"]
 
 DEFAULT_CONSUMER_TIMEOUT_MS = 1_800_000  # RabbitMQ's default
-DEFAULT_MAX_MESSAGE_SIZE = 134_217_728  # RabbitMQ 3.10's default max_message_size
+DEFAULT_MAX_MESSAGE_SIZE = 16_777_216  # RabbitMQ 4.x's default max_message_size (3.10: 128 MiB)
 
 
 class BrokerServer:

@@ -1,7 +1,8 @@
 """Settling deliveries on a channel: ack, nack, reject, recover, and requeueing on close.
 
-Delivery tags are per channel; an unknown tag is a 406 channel close. On a stream,
-nack and reject are refused (540) and an ack only gives the consumer credit back.
+Delivery tags are per channel; an unknown tag is a 406 channel close. On a stream
+an ack only gives the consumer credit back, and so do nack, reject and recover on
+RabbitMQ 4.x (3.10 closed the connection: 540 for nack and reject, 541 for recover).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from typing import TYPE_CHECKING, NamedTuple
 from pamqp import commands
 
 from .. import errors
-from .stream import internal_error
 
 if TYPE_CHECKING:
     from .connection import BrokerConnection
@@ -22,6 +22,14 @@ if TYPE_CHECKING:
     from .tx import Transaction
 
 B = commands.Basic
+
+# How a delivery is settled. RabbitMQ 4.3 counts a return towards a quorum queue's
+# delivery-limit (x-delivery-count) when the consumer rejected it or its channel closed,
+# but not for a nack or recover (they count only in x-acquired-count); 4.0 counted all.
+ACK = "ack"
+REQUEUE = "requeue"  # basic.nack(requeue) / basic.recover: not counted
+RETURN = "return"  # basic.reject(requeue), a closed channel or connection: counted
+DISCARD = "discard"  # nack or reject without requeue: dead-lettered if the queue says so
 
 
 class Unacked(NamedTuple):
@@ -39,8 +47,6 @@ class SettleMethods:
     number: int
     unacked: OrderedDict[int, Unacked]
     consumers: dict[str, Consumer]
-    global_prefetch: int
-    global_unacked: int
     tx: Transaction | None
 
     def _take(self, tag: int, multiple: bool) -> list[Unacked]:
@@ -71,56 +77,43 @@ class SettleMethods:
             consumer = entry.consumer
             if consumer is not None:
                 consumer.unacked -= 1
-                self.global_unacked -= 1
             touched.add(entry.queue)
         return touched
 
-    def settle(self, entries: list[Unacked], requeue: bool | None) -> None:
-        """requeue None = ack; True = back to the queue; False = reject (dead-letter)."""
+    def settle(self, entries: list[Unacked], how: str) -> None:
+        """``how``: ACK, REQUEUE, RETURN or DISCARD."""
         touched = self._release(entries)
-        if requeue:
+        if how in (REQUEUE, RETURN):
             by_queue: dict[Queue, list[Message]] = {}
             for entry in entries:
                 by_queue.setdefault(entry.queue, []).append(entry.message)
             for queue, messages in by_queue.items():
-                queue.requeue(messages)
-        elif requeue is False:
+                queue.requeue(messages, counted=how == RETURN)
+        elif how == DISCARD:
             for entry in entries:
                 entry.queue.reject(entry.message)
-        if self.global_prefetch:
-            touched.update(c.queue for c in self.consumers.values())
         for queue in touched:
             queue.dispatch()
 
-    def _settle_or_hold(self, entries: list[Unacked], requeue: bool | None) -> None:
-        if requeue is not None:
-            for entry in entries:
-                if entry.queue.is_stream:
-                    raise entry.queue.refuse_settle()  # type: ignore[attr-defined]
+    def _settle_or_hold(self, entries: list[Unacked], how: str) -> None:
         if self.tx is not None:
-            self.tx.settles.append((entries, requeue))
+            self.tx.settles.append((entries, how))
         else:
-            self.settle(entries, requeue)
+            self.settle(entries, how)
 
     def _on_ack(self, method: B.Ack) -> None:
-        entries = self._take(method.delivery_tag, bool(method.multiple))
-        if self.tx is not None:
-            self.tx.settles.append((entries, None))
-        else:
-            self.settle(entries, None)
+        self._settle_or_hold(self._take(method.delivery_tag, bool(method.multiple)), ACK)
 
     def _on_nack(self, method: B.Nack) -> None:
-        self._settle_or_hold(self._take(method.delivery_tag, bool(method.multiple)), bool(method.requeue))
+        self._settle_or_hold(self._take(method.delivery_tag, bool(method.multiple)), REQUEUE if method.requeue else DISCARD)
 
     def _on_reject(self, method: B.Reject) -> None:
-        self._settle_or_hold(self._take(method.delivery_tag or 0, False), bool(method.requeue))
+        self._settle_or_hold(self._take(method.delivery_tag or 0, False), RETURN if method.requeue else DISCARD)
 
     def _on_recover(self, method: B.Recover) -> None:
         if not method.requeue:
             raise errors.NotImplemented_("requeue=false")
-        if any(entry.queue.is_stream for entry in self.unacked.values()):
-            raise internal_error()  # RabbitMQ 3.10 crashes on it: 541, connection closed
-        self.settle(self._take(0, True), True)
+        self.settle(self._take(0, True), REQUEUE)
         if isinstance(method, B.Recover):
             self.connection.send_method(self.number, B.RecoverOk())
 

@@ -1,4 +1,4 @@
-"""Stream queues (``x-queue-type: stream``) as RabbitMQ 3.10 serves them over AMQP 0-9-1.
+"""Stream queues (``x-queue-type: stream``) as RabbitMQ 4.x serves them over AMQP 0-9-1.
 
 An append-only log: messages get offsets from 0 and are written in chunks (what
 arrived in one event-loop pass stands in for one batch of RabbitMQ's stream
@@ -7,9 +7,9 @@ chunk that takes one offset no consumer ever sees, so offsets have gaps there,
 as on RabbitMQ. Retention drops whole segments from the head, and only when a
 new segment is started.
 
-A consumer reads from its own position: while it has credit (prefetch minus
-unacked) it is sent the rest of the next chunk, whole, so it may go over its
-prefetch by up to a chunk. Acks only give credit back. Every refusal carries
+A consumer reads from its own position, one message per unit of credit (prefetch
+minus unacked), as RabbitMQ 4.x does (3.10 sent a chunk whole whatever the
+credit). Acks, nacks and rejects only give credit back. Every refusal carries
 RabbitMQ's reply code and text (see tests/broker/test_streams.py).
 """
 
@@ -74,18 +74,18 @@ def _where(name: str) -> str:
 
 
 def internal_error() -> errors.AmqpReplyError:
-    # RabbitMQ crashes parsing an age with no leading digits: a bare 541 closes the connection.
+    # RabbitMQ crashes on an x-stream-offset of a type it does not expect: a bare 541 closes the connection.
     err = errors.InternalError("internal error")
     err.text = "INTERNAL_ERROR"
     return err
 
 
 def age_ms(value: str) -> int | None:
-    """An age such as ``10s``, ``1m`` (minute), ``1M`` (month), ``2D``, ``1Y`` in ms; None if invalid (406)."""
+    """An age such as ``10s``, ``1m`` (minute), ``1M`` (month), ``2D``, ``1Y`` in ms; None if invalid (406).
+
+    RabbitMQ 3.10 and 4.0 crashed (541) on one with no leading digits; 4.3 refuses it with 406."""
     digits, unit = _AGE.match(value).groups()  # type: ignore[union-attr]
-    if not digits:
-        raise internal_error()
-    if unit not in _AGE_UNITS_MS or int(digits) == 0:
+    if not digits or unit not in _AGE_UNITS_MS or int(digits) == 0:
         return None
     return int(digits) * _AGE_UNITS_MS[unit]
 
@@ -238,14 +238,11 @@ class StreamQueue:
     def purge(self) -> int:
         raise errors.NotImplemented_(f"queue.purge not supported by stream queues {_where(self.name)}")
 
-    def refuse_settle(self) -> errors.AmqpReplyError:
-        return errors.NotImplemented_(f"basic.nack and basic.reject not supported by stream queues {_where(self.name)}")
-
-    def requeue(self, messages: Any) -> None:
-        """Unacked deliveries of a closed channel: nothing to give back, the log keeps them."""
+    def requeue(self, messages: Any, counted: bool = True) -> None:
+        """Returned deliveries (a closed channel, a nack): nothing to give back, the log keeps them."""
 
     def reject(self, message: Message) -> None:
-        """Never reached: nack and reject are refused before settling."""
+        """A reject or nack without requeue: the log keeps it too."""
 
     def expire_head(self) -> None:
         """Streams have no per-message TTL."""
@@ -262,14 +259,14 @@ class StreamQueue:
         return 0
 
     def equivalent(self, durable: bool, exclusive: bool, auto_delete: bool, arguments: dict[str, Any]) -> str | None:
-        from .queue import _arg, _b
+        from .queue import _b, inequivalent
 
         if durable != self.durable:
             return f"inequivalent arg 'durable' for {_where(self.name)}: received '{_b(durable)}' but current is '{_b(self.durable)}'"
         for key in ("x-max-length-bytes", "x-queue-type", "x-max-age", "x-stream-max-segment-size-bytes"):  # RabbitMQ's order
             mine, theirs = self.arguments.get(key), arguments.get(key)
             if mine != theirs:
-                return f"inequivalent arg '{key}' for {_where(self.name)}: received {_arg(theirs)} but current is {_arg(mine)}"
+                return inequivalent(self.name, key, theirs, mine)
         return None
 
     # -- writing -------------------------------------------------------------
@@ -328,17 +325,15 @@ class StreamQueue:
 
     # -- reading ---------------------------------------------------------------
 
-    def check_consume(self, arguments: dict[str, Any], no_ack: bool, prefetch: int, global_prefetch: int) -> tuple[str, int]:
+    def check_consume(self, arguments: dict[str, Any], no_ack: bool, prefetch: int) -> tuple[str, int]:
         """RabbitMQ's checks, in its order; the consumer's start on success."""
         spec = start_spec(self.name, arguments.get("x-stream-offset"))
         if "x-priority" in arguments:
             raise errors.PreconditionFailed(f"invalid arg 'x-priority' for {_where(self.name)} of queue type rabbit_stream_queue")
         if not prefetch:
-            raise errors.PreconditionFailed(f"consumer prefetch count is not set for '{_where(self.name)}'")
+            raise errors.PreconditionFailed(f"consumer prefetch count is not set for stream {_where(self.name)}")
         if no_ack:
-            raise errors.NotImplemented_(f"automatic acknowledgement not supported by stream queues {_where(self.name)}")
-        if global_prefetch:
-            raise errors.NotImplemented_(f"{_where(self.name)} does not support global qos")
+            raise errors.NotImplemented_(f"automatic acknowledgement not supported by stream {_where(self.name)}")
         return spec
 
     def add_consumer(self, consumer: Consumer, spec: tuple[str, int] = ("next", 0)) -> None:
@@ -379,6 +374,10 @@ class StreamQueue:
                 return
             chunk = chunks[i]
             as_queue = cast("Queue", self)
-            for message in chunk.records[max(position - chunk.first, 0) :]:
-                consumer.deliver(as_queue, message)
+            # RabbitMQ 4.x honours the prefetch inside a chunk (3.10 sent the rest of it whole).
+            for index in range(max(position - chunk.first, 0), len(chunk.records)):
+                if not consumer.can_take():
+                    consumer.position = chunk.first + index
+                    return
+                consumer.deliver(as_queue, chunk.records[index])
             consumer.position = chunk.next

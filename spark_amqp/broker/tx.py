@@ -32,15 +32,15 @@ class Publish(NamedTuple):
 class Transaction:
     def __init__(self) -> None:
         self.publishes: list[Publish] = []
-        self.settles: list[tuple[list[Unacked], bool | None]] = []
+        self.settles: list[tuple[list[Unacked], str]] = []  # (entries, how: settle.ACK, ...)
 
     def commit(self, channel: Channel) -> None:
         publishes, settles = self.publishes, self.settles
         self.publishes, self.settles = [], []
         for publish in publishes:
             channel.enqueue([q for q in publish.queues if not q.deleted], publish.message, publish.mandatory, 0)
-        for entries, requeue in settles:
-            channel.settle(entries, requeue)
+        for entries, how in settles:
+            channel.settle(entries, how)
 
     def rollback(self, channel: Channel) -> None:
         settles = self.settles

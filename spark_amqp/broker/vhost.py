@@ -13,7 +13,7 @@ from typing import Any, cast
 
 from .. import errors
 from .exchange import EXCHANGE_TYPES, Exchange
-from .message import Message, dead_letter_header
+from .message import Message, dead_letter
 from .queue import Queue
 from .stream import StreamQueue, is_stream
 
@@ -48,8 +48,8 @@ class VirtualHost:
         if name.startswith("amq."):
             raise errors.AccessRefused(f"exchange name '{name}' contains reserved prefix 'amq.*'")
         if kind not in EXCHANGE_TYPES:
-            # RabbitMQ says "invalid" only for names that happen to be Erlang atoms it knows.
-            raise errors.CommandInvalid(f"unknown exchange type '{kind}'")
+            # RabbitMQ 4.x closes the channel (406); 3.10 closed the connection (503).
+            raise errors.PreconditionFailed(f"unknown exchange type '{kind}'")
         existing = self.exchanges.get(name)
         if existing is not None:
             field = existing.equivalent(kind, durable, auto_delete, internal, arguments)
@@ -236,7 +236,7 @@ class VirtualHost:
         if dlx and exchange is None:
             return  # RabbitMQ drops the message when the DLX does not exist
         routing_key = queue.args.dead_letter_routing_key or message.routing_key
-        dead = Message(dlx, routing_key, dead_letter_header(message, queue.name, reason), message.body)
+        dead = dead_letter(message, queue.name, reason, dlx, routing_key)
         # Route with the original message's exchange/key recorded in x-death.
         targets = self.route(dlx, dead) if exchange is None or not exchange.internal else self._through(exchange, dead)
         loop_time = asyncio.get_running_loop().time()

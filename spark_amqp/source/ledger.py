@@ -84,6 +84,11 @@ class SessionLedger:
 
 Fingerprint = tuple[str, str]
 
+# Headers a broker stamps on a redelivery and changes on every return, so a copy's content
+# differs from the first delivery's in them and nowhere else: quorum queues' return counts
+# (x-delivery-count; from RabbitMQ 4.3 also x-acquired-count, which counts nacks too).
+REDELIVERY_HEADERS = frozenset({"x-delivery-count", "x-acquired-count"})
+
 
 def fingerprint(delivery: Delivery, by: str = "messageId") -> Fingerprint:
     """How a redelivered copy is recognised: its message id (when ``by`` is messageId and it has one), else its content."""
@@ -100,8 +105,7 @@ def fingerprint(delivery: Delivery, by: str = "messageId") -> Fingerprint:
         props.timestamp,
         props.type,
         props.content_type,
-        # Quorum queues restamp x-delivery-count on every delivery.
-        sorted((k, repr(v)) for k, v in headers.items() if k != "x-delivery-count"),
+        sorted((k, repr(v)) for k, v in headers.items() if k not in REDELIVERY_HEADERS),
     )
     digest.update(repr(stable).encode("utf-8", "surrogatepass"))
     return ("fp", digest.hexdigest())

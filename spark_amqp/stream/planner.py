@@ -119,8 +119,9 @@ class StreamPlanner:
 
     def ends(self) -> dict[str, int]:
         """Per stream, the offset after its last message (0 for an empty stream)."""
-        tails = self.tails
-        return {s: self.client.run(lambda c, s=s: tails.end(c, s), f"stream '{s}'") for s in self.options.streams}  # type: ignore[misc]
+        streams = self.options.streams
+        subject = f"stream '{streams[0]}'" if len(streams) == 1 else f"streams {', '.join(streams)}"
+        return self.client.run(lambda c: self.tails.ends_of(c, streams), subject)
 
     def _fixed_start(self, stream: str, end: int) -> int:
         start = self.options.start_of(stream)

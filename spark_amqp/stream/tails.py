@@ -1,8 +1,7 @@
 """``TailWatch``: where each stream ends, measured again only after something was written.
 
-A probe at ``last`` costs the stream's whole last chunk on the wire (RabbitMQ
-sends a chunk whole, whatever the prefetch), and Spark polls an idle source
-about every 10 ms. So next to each measured end sits a watcher: a consumer at
+A probe at ``last`` costs the stream's whole last chunk on the wire, and Spark
+polls an idle source about every 10 ms. So next to each measured end sits a watcher: a consumer at
 ``next`` with prefetch 1 that never acks. It gets the first chunk written after
 it attached and then nothing more, and that delivery is the signal to measure
 again. An idle stream costs nothing; a busy one costs two chunks per batch,
@@ -12,7 +11,9 @@ between goes unnoticed.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+from collections.abc import Sequence
 
 from pamqp import commands
 
@@ -32,6 +33,11 @@ class TailWatch:
         self.ends: dict[str, int] = {}
         self.moved: set[str] = set()
         self.probes = 0  # how many times an end was measured (for tests and logs)
+
+    async def ends_of(self, client: AmqpClient, streams: Sequence[str]) -> dict[str, int]:
+        """``end`` of each stream, measured side by side (an empty one takes ``probe.EMPTY_WAIT``)."""
+        found = await asyncio.gather(*(self.end(client, s) for s in streams))
+        return dict(zip(streams, found, strict=True))
 
     async def end(self, client: AmqpClient, stream: str) -> int:
         """The offset after the stream's last message (0 when it has none)."""

@@ -1,6 +1,6 @@
 """A raw-frame client for streams, for what pika hides: the order of frames on the wire
-(deliveries before cancel-ok), the exact encoding of a header value, and a burst of
-publishes written in one send (which RabbitMQ's stream writer turns into large chunks)."""
+(deliveries before a barrier's reply), the exact encoding of a header value, and a burst
+of publishes written in one send (which RabbitMQ's stream writer turns into large chunks)."""
 
 from __future__ import annotations
 
@@ -50,30 +50,44 @@ class StreamClient(RawClient):
         while acked < len(bodies):
             acked = self.expect(C.Basic.Ack).delivery_tag
 
-    def consume_then_cancel(self, queue: str, offset: Any, prefetch: int, tag: str = "t") -> list[tuple[int, bytes]]:
-        """basic.consume, and basic.cancel once consume-ok came; the (offset, raw content
-        header) of every delivery that came before cancel-ok.
+    def consume_then_cancel(self, queue: str, offset: Any, prefetch: int, tag: str = "t", wait: float = 1.0) -> list[tuple[int, bytes]]:
+        """The (offset, raw content header) of what a consumer from ``offset`` with ``prefetch``
+        gets without acking, then basic.cancel.
 
-        RabbitMQ 3.10.8 can crash the connection (541, ``badkey`` in
-        ``rabbit_channel:consumer_monitor``) when a cancel for a stream consumer is sent
-        before its consume-ok arrived: never pipeline the two.
+        RabbitMQ reads nothing while it handles basic.consume: a stream consumer's first
+        deliveries follow consume-ok, usually at once, later when the log is busy (see
+        spark_amqp/stream/probe.py). So this waits up to ``wait`` for the first delivery (none
+        in that time: nothing to read), then sends basic.qos as a barrier: whatever the channel
+        read in the same go is on the wire before its qos-ok. RabbitMQ 3.10.8 can crash the
+        connection (541, ``badkey`` in ``rabbit_channel:consumer_monitor``) when a cancel for a
+        stream consumer is sent before its consume-ok arrived: never pipeline the two.
         """
         self.send(1, C.Basic.Qos(prefetch_count=prefetch))
         self.expect(C.Basic.QosOk)
         self.send(1, C.Basic.Consume(queue=queue, consumer_tag=tag, arguments={"x-stream-offset": offset}))
         got: list[tuple[int, bytes]] = []
+        consuming = barrier = False
         while True:
-            kind, _, payload = self.read_raw_frame(TIMEOUT)
+            try:
+                kind, _, payload = self.read_raw_frame(wait if consuming and not got and not barrier else TIMEOUT)
+            except TimeoutError:
+                kind, payload = 0, b""  # no first delivery within `wait`
             if kind == 2:
                 got.append((int(decode_properties(payload).headers["x-stream-offset"]), payload))
             elif kind == 1:
                 method = decode_method(payload)
                 if isinstance(method, C.Basic.ConsumeOk):
+                    consuming = True
+                    continue
+                if isinstance(method, C.Basic.QosOk):
                     self.send(1, C.Basic.Cancel(consumer_tag=tag))
                 elif isinstance(method, C.Basic.CancelOk):
                     return got
                 elif isinstance(method, C.Connection.Close | C.Channel.Close):
                     raise AssertionError(f"closed: {method.reply_code} {method.reply_text}")
+            if consuming and not barrier and (got or kind == 0):
+                barrier = True
+                self.send(1, C.Basic.Qos(prefetch_count=prefetch))
 
     def close(self) -> None:
         try:

@@ -20,11 +20,17 @@ def _with_password(url: str, password: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
-@pytest.mark.parametrize("header", [b"HTTP/1.1\r\n", b"AMQP\x00\x00\x09\x02", b"AMQP\x01\x01\x00\x0a"])
-def test_wrong_protocol_header_gets_ours_and_close(amqp_url: str, header: bytes) -> None:
+AMQP_1_0_SASL = b"AMQP\x03\x01\x00\x00"
+
+
+@pytest.mark.parametrize("header", [b"HTTP/1.1\r\n", b"AMQP\x00\x00\x09\x02", b"AMQP\x01\x01\x00\x0a", b"AMQP\x00\x00\x08\x00"])
+def test_wrong_protocol_header_gets_a_header_back_and_close(amqp_url: str, broker_version: tuple[int, int], header: bytes) -> None:
     client = RawClient(amqp_url)
     client.send_raw(header)
-    assert client.recv_raw(timeout=5) == PROTOCOL_HEADER
+    # 3.10 offers AMQP 0-9-1 to anything; 4.x also serves AMQP 1.0 on this port and offers
+    # that (its SASL header), except to a client that asked for another AMQP 0-9 revision.
+    expected = PROTOCOL_HEADER if broker_version < (4, 0) or header.startswith(b"AMQP\x00\x00\x09") else AMQP_1_0_SASL
+    assert client.recv_raw(timeout=5) == expected
 
 
 def test_bad_credentials_get_403(amqp_url: str) -> None:
@@ -71,11 +77,11 @@ def test_unknown_vhost_is_530(amqp_url: str) -> None:
 
 
 def test_small_frame_max_splits_bodies(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
-    conn = connect(amqp_url, frame_max=4096)
+    conn = connect(amqp_url, frame_max=8192)
     ch = conn.channel()
     q = names.queue()
     ch.queue_declare(q)
-    body = bytes(range(256)) * 4096  # 1 MiB, 256 frames of 4088 bytes
+    body = bytes(range(256)) * 4096  # 1 MiB, 129 frames of at most 8184 bytes
     ch.basic_publish("", q, body)
     method, _, got = ch.basic_get(q, auto_ack=True)
     assert method is not None and got == body
@@ -87,6 +93,19 @@ def test_frame_max_below_minimum_is_refused(amqp_url: str) -> None:
     with pytest.raises(EOFError):
         client.handshake(frame_max=1000)
         client.read_method(timeout=10)
+
+
+def test_frame_max_4096_is_too_small_from_4_3(amqp_url: str, broker_version: tuple[int, int]) -> None:
+    # AMQP's own minimum is 4096, which 3.10 and 4.0 take; 4.3 resets a connection below 8192.
+    client = RawClient(amqp_url)
+    if broker_version >= (4, 3):
+        with pytest.raises((EOFError, ConnectionResetError)):
+            client.handshake(frame_max=4096)
+            client.read_method(timeout=10)
+    else:
+        client.handshake(frame_max=4096)
+        _, ok = client.read_method(timeout=10)
+        assert isinstance(ok, commands.Connection.OpenOk)
 
 
 def test_heartbeats_are_sent_and_dead_peer_is_dropped(amqp_url: str) -> None:

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import pika
-import pytest
-
 from .helpers import closed_with, ready_count
 
 
@@ -70,9 +67,3 @@ def test_refusals(conn, names) -> None:  # type: ignore[no-untyped-def]
     ch = conn.channel()
     ch.exchange_unbind(missing, "amq.direct", "k")  # unbinding what is not there succeeds
     ch.exchange_unbind("amq.fanout", "amq.direct", "never bound")
-
-
-def test_an_unknown_exchange_type_closes_the_connection(conn, names) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as info:
-        conn.channel().exchange_declare(names.exchange(), exchange_type="ZZwwInvalid")
-    assert (info.value.reply_code, info.value.reply_text) == (503, "COMMAND_INVALID - unknown exchange type 'ZZwwInvalid'")

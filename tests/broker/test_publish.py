@@ -48,7 +48,7 @@ ALL_FIELD_TYPES = [
 ]
 
 
-def _raw_header(body_size: int) -> bytes:
+def _raw_header(body_size: int, fields: list[tuple[str, bytes]] = ALL_FIELD_TYPES) -> bytes:
     # content_type, content_encoding, headers, delivery_mode, priority, correlation_id,
     # reply_to, expiration(no), message_id, timestamp, type, user_id(no), app_id
     flags = 0x8000 | 0x4000 | 0x2000 | 0x1000 | 0x0800 | 0x0400 | 0x0200 | 0x0080 | 0x0040 | 0x0020 | 0x0008
@@ -56,7 +56,7 @@ def _raw_header(body_size: int) -> bytes:
         [
             b"\x10application/json",
             b"\x04gzip",
-            _table(ALL_FIELD_TYPES),
+            _table(fields),
             b"\x02",
             b"\x07",
             b"\x04corr",
@@ -70,7 +70,7 @@ def _raw_header(body_size: int) -> bytes:
     return struct.pack(">HHQH", 60, 0, body_size, flags) + props
 
 
-def test_every_field_type_round_trips_byte_for_byte(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
+def test_every_field_type_round_trips_byte_for_byte(amqp_url: str, names, broker_version) -> None:  # type: ignore[no-untyped-def]
     q = names.queue()
     client = RawClient(amqp_url)
     client.handshake()
@@ -84,7 +84,10 @@ def test_every_field_type_round_trips_byte_for_byte(amqp_url: str, names) -> Non
     ftype, _, _ = client.read_raw_frame()
     assert ftype == 1
     ftype, _, received = client.read_raw_frame()
-    assert ftype == 2 and received == sent
+    # 3.10 kept the publisher's bytes; 4.x re-encodes what it stores and sorts the headers
+    # table by key, every value still encoded as sent.
+    expected = sent if broker_version < (4, 0) else _raw_header(5, sorted(ALL_FIELD_TYPES))
+    assert ftype == 2 and received == expected
     ftype, _, body = client.read_raw_frame()
     assert ftype == 3 and body == b"hello"
     client.close()

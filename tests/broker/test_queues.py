@@ -177,13 +177,14 @@ def test_message_ttl_expires_and_dead_letters_with_x_death(ch, names) -> None:  
 def test_per_message_expiration(ch, names) -> None:  # type: ignore[no-untyped-def]
     q = names.queue()
     ch.queue_declare(q)
+    ch.confirm_delivery()  # both are in the queue before the count is watched
     ch.basic_publish("", q, b"short", pika.BasicProperties(expiration="100"))
     ch.basic_publish("", q, b"long", pika.BasicProperties(expiration="60000"))
     wait_for(lambda: ch.queue_declare(q, passive=True).method.message_count == 1)
     assert [b for _, _, b in drain(ch, q)] == [b"long"]
 
 
-def test_reject_without_requeue_dead_letters_and_counts(ch, names) -> None:  # type: ignore[no-untyped-def]
+def test_reject_without_requeue_dead_letters_and_counts(ch, names, broker_version) -> None:  # type: ignore[no-untyped-def]
     q, dead = names.queue(), names.queue()
     ch.queue_declare(dead)
     ch.queue_declare(q, arguments={"x-dead-letter-exchange": ""} | {"x-dead-letter-routing-key": dead})
@@ -192,13 +193,33 @@ def test_reject_without_requeue_dead_letters_and_counts(ch, names) -> None:  # t
     ch.basic_reject(method.delivery_tag, requeue=False)
     _, props, body = wait_for(lambda: drain(ch, dead))[0]
     assert body == b"bad" and props.headers["x-death"][0]["reason"] == "rejected"
-    # Dead-lettered twice from the same queue for the same reason: one entry, count 2.
+    if broker_version >= (4, 0):  # 4.x also names the latest death
+        assert (props.headers["x-last-death-queue"], props.headers["x-last-death-reason"]) == (q, "rejected")
+    # Published again with the x-death it came with, then dead-lettered from the same queue
+    # for the same reason: 3.10 trusted the publisher's x-death and counted 2 in one entry;
+    # 4.x keeps its own record of deaths and ignores a published x-death: count 1.
     ch.basic_publish("", q, body, pika.BasicProperties(headers=props.headers))
     method, _, _ = ch.basic_get(q)
     ch.basic_nack(method.delivery_tag, requeue=False)
     _, props, _ = wait_for(lambda: drain(ch, dead))[0]
     deaths = [d for d in props.headers["x-death"] if d["queue"] == q]
-    assert len(deaths) == 1 and deaths[0]["count"] == 2
+    assert len(deaths) == 1 and deaths[0]["count"] == (1 if broker_version >= (4, 0) else 2)
+
+
+def test_dead_lettered_twice_by_the_broker_counts_in_one_entry(ch, names) -> None:  # type: ignore[no-untyped-def]
+    # A dead-letter cycle the broker runs itself (q -> dead -> q): every line counts it.
+    q, dead = names.queue(), names.queue()
+    ch.queue_declare(dead, arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": q})
+    ch.queue_declare(q, arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead})
+    ch.basic_publish("", q, b"bad")
+    for queue in (q, dead, q):
+        method = wait_for(lambda queue=queue: ch.basic_get(queue)[0])
+        ch.basic_reject(method.delivery_tag, requeue=False)
+    _, props, _ = wait_for(lambda: drain(ch, dead))[0]
+    counts = {(d["queue"], d["reason"]): d["count"] for d in props.headers["x-death"]}
+    assert counts == {(q, "rejected"): 2, (dead, "rejected"): 1}
+    assert props.headers["x-death"][0]["queue"] == q  # newest first
+    assert (props.headers["x-first-death-queue"], props.headers["x-first-death-reason"]) == (q, "rejected")
 
 
 def test_max_length_drop_head_dead_letters_maxlen(ch, names) -> None:  # type: ignore[no-untyped-def]
@@ -235,38 +256,100 @@ class TestQuorum:
         conn.process_data_events(time_limit=0.5)  # room for any delivery past the cap
         assert len(got) == 2000
 
-    def test_global_qos_is_rejected(self, conn, names) -> None:  # type: ignore[no-untyped-def]
+    def test_global_qos_is_refused_until_4_3(self, conn, names, broker_version) -> None:  # type: ignore[no-untyped-def]
         ch = conn.channel()
         q = names.queue()
         ch.queue_declare(q, durable=True, arguments={"x-queue-type": "quorum"})
         ch.basic_qos(prefetch_count=10, global_qos=True)
+        if broker_version >= (4, 3):  # global_qos denied: the limit is taken per consumer
+            ch.basic_consume(q, lambda *a: None)
+            return
         with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as info:
             ch.basic_consume(q, lambda *a: None)
         assert info.value.reply_code == 540 and "global qos" in info.value.reply_text
 
-    def test_first_consumer_delivery_has_no_delivery_count(self, conn, names) -> None:  # type: ignore[no-untyped-def]
+    def test_exclusive_is_ignored(self, amqp_url: str, conn, names) -> None:  # type: ignore[no-untyped-def]
+        # Every line: a quorum queue takes a second consumer, exclusive or not, and feeds it.
         ch = conn.channel()
         q = names.queue()
         ch.queue_declare(q, durable=True, arguments={"x-queue-type": "quorum"})
-        ch.confirm_delivery()
-        ch.basic_publish("", q, b"m")
-        method, props, _ = consume_n(conn, ch, q, 1)[0]
-        assert method.redelivered is False and props.headers is None
-        ch.basic_nack(method.delivery_tag, requeue=True)
-        method, props, _ = consume_n(conn, ch, q, 1)[0]
-        assert method.redelivered is True and props.headers == {"x-delivery-count": 1}
+        ch.basic_consume(q, lambda *a: None, exclusive=True)
+        other = connect(amqp_url)
+        och = other.channel()
+        och.confirm_delivery()
+        got: list[bytes] = []
+        och.basic_consume(q, lambda c, m, p, b: got.append(b), exclusive=True)
+        for i in range(6):
+            och.basic_publish("", q, b"m%d" % i)
+        wait_for(lambda: other.process_data_events(time_limit=0.05) or got)
+        assert ch.queue_declare(q, passive=True).method.consumer_count == 2
+        other.close()
 
-    def test_redelivery_carries_delivery_count(self, amqp_url: str, conn, names) -> None:  # type: ignore[no-untyped-def]
+    def test_return_counts_on_redeliveries(self, amqp_url: str, conn, names, broker_version) -> None:  # type: ignore[no-untyped-def]
         ch = conn.channel()
         q = names.queue()
         ch.queue_declare(q, durable=True, arguments={"x-queue-type": "quorum"})
         ch.confirm_delivery()
         ch.basic_publish("", q, b"m")
         method, props, _ = ch.basic_get(q)
-        assert method.redelivered is False and props.headers["x-delivery-count"] == 0
-        ch.basic_nack(method.delivery_tag, requeue=True)
-        method, props, _ = wait_for(lambda: drain(ch, q, ack=False))[0]
-        assert method.redelivered is True
-        assert props.headers["x-delivery-count"] == 1
-        ch.basic_ack(method.delivery_tag)
+        # 3.10 stamps x-delivery-count 0 on a first basic.get; 4.x stamps nothing the first time.
+        assert method.redelivered is False
+        assert props.headers == ({"x-delivery-count": 0} if broker_version < (4, 0) else None)
+        seen = []
+
+        def redeliver(settle) -> int:  # type: ignore[no-untyped-def]
+            settle()
+            method, props, _ = wait_for(lambda: drain(ch, q, ack=False, limit=1))[0]
+            assert method.redelivered is True
+            seen.append(props.headers)
+            return method.delivery_tag
+
+        def close_channel() -> None:
+            nonlocal ch
+            ch.close()
+            ch = conn.channel()
+
+        tag = method.delivery_tag
+        tag = redeliver(lambda: ch.basic_nack(tag, requeue=True))
+        tag = redeliver(lambda: ch.basic_reject(tag, requeue=True))
+        tag = redeliver(close_channel)
+        ch.basic_ack(tag)
         assert ready_count(amqp_url, q) == 0
+        if broker_version >= (4, 3):
+            # 4.3 counts every return in x-acquired-count, but a nack not in x-delivery-count
+            # (what the delivery-limit is checked against); a reject and a closed channel count.
+            assert seen == [
+                {"x-acquired-count": 1},
+                {"x-acquired-count": 2, "x-delivery-count": 1},
+                {"x-acquired-count": 3, "x-delivery-count": 2},
+            ]
+        else:
+            assert seen == [{"x-delivery-count": 1}, {"x-delivery-count": 2}, {"x-delivery-count": 3}]
+
+    def test_delivery_limit_drops_or_dead_letters_from_4_0(self, amqp_url: str, conn, names, broker_version) -> None:  # type: ignore[no-untyped-def]
+        # 4.x drops a message returned more than delivery-limit times (20 unless set), or
+        # dead-letters it when the queue has a dead-letter exchange; 3.10 has no default limit.
+        q, dropped, dead = names.queue(), names.queue(), names.queue()
+        ch = conn.channel()
+        ch.queue_declare(dead)
+        ch.queue_declare(
+            q,
+            durable=True,
+            arguments={"x-queue-type": "quorum", "x-delivery-limit": 2, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead},
+        )
+        ch.queue_declare(dropped, durable=True, arguments={"x-queue-type": "quorum"})
+        ch.confirm_delivery()
+        ch.basic_publish("", q, b"limited")
+        ch.basic_publish("", dropped, b"default")
+        for _ in range(3):  # returned 3 times: past a limit of 2
+            method = wait_for(lambda: ch.basic_get(q)[0])
+            ch.basic_reject(method.delivery_tag, requeue=True)
+        _, props, body = wait_for(lambda: drain(ch, dead))[0]
+        assert body == b"limited" and props.headers["x-death"][0]["reason"] == "delivery_limit"
+        assert ready_count(amqp_url, q) == 0
+        for _ in range(21):  # the default limit, 20, on 4.x
+            consumer = connect(amqp_url)
+            cch = consumer.channel()
+            assert consume_n(consumer, cch, dropped, 1)
+            consumer.close()  # unacked: a return that counts
+        wait_for(lambda: ready_count(amqp_url, dropped) == (0 if broker_version >= (4, 0) else 1), timeout=15)

@@ -33,12 +33,28 @@ def test_frontier_stops_at_the_first_uncommitted_or_unplanned_delivery() -> None
     assert [e.tag for e in ledger.acked] == [3]
 
 
-def test_fingerprint_prefers_message_id_and_ignores_quorum_delivery_count() -> None:
+def test_fingerprint_prefers_message_id_and_ignores_quorum_return_counts() -> None:
     assert fingerprint(_d(1, message_id="abc")) == ("id", "abc")
-    a = Delivery("s", "q", 1, False, "", "q", pika.BasicProperties(headers={"k": 1, "x-delivery-count": 0}), b"x")
-    b = Delivery("s", "q", 9, True, "", "q", pika.BasicProperties(headers={"k": 1, "x-delivery-count": 3}), b"x")
-    c = Delivery("s", "q", 9, True, "", "q", pika.BasicProperties(headers={"k": 2}), b"x")
-    assert fingerprint(a) == fingerprint(b) != fingerprint(c)
+    # A first delivery (4.x stamps nothing; 3.10 stamped x-delivery-count 0 on basic.get) and
+    # redeliveries as 3.10/4.0 (x-delivery-count) and 4.3 (also x-acquired-count) stamp them.
+    first = Delivery("s", "q", 1, False, "", "q", pika.BasicProperties(headers={"k": 1}), b"x")
+    copies = [
+        Delivery("s", "q", 9, True, "", "q", pika.BasicProperties(headers=h), b"x")
+        for h in (
+            {"k": 1, "x-delivery-count": 0},
+            {"k": 1, "x-delivery-count": 3},
+            {"k": 1, "x-acquired-count": 1},
+            {"k": 1, "x-acquired-count": 4, "x-delivery-count": 2},
+        )
+    ]
+    other = Delivery("s", "q", 9, True, "", "q", pika.BasicProperties(headers={"k": 2}), b"x")
+    assert {fingerprint(d) for d in [first, *copies]} == {fingerprint(first)} and fingerprint(other) != fingerprint(first)
+    for by in ("messageId", "content"):  # with an id too, when content is what counts
+        with_id = [
+            Delivery(d.session, d.queue, d.tag, d.redelivered, "", "q", pika.BasicProperties(message_id="m", headers=d.props.headers), b"x")
+            for d in (first, *copies)
+        ]
+        assert len({fingerprint(d, by) for d in with_id}) == 1
 
 
 def _emitted(filt: RedeliveryFilter, copies: int) -> int:

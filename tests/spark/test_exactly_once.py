@@ -27,7 +27,7 @@ from spark_amqp.broker import EmbeddedBroker
 
 from ..broker.helpers import wait_for
 from ..brokers import counts, drop_source_connections
-from ..conftest import EMBEDDED_STREAMS, REAL_URL, NameFactory
+from ..conftest import REAL_URL, NameFactory
 
 # Each test starts several Spark jobs; on a loaded 2-core machine one can take minutes. The
 # waits below add up to less than this (at most 3 x 200 + 2 x 182 + 120 + 300 + 30 s).
@@ -214,9 +214,7 @@ def test_connection_drops_during_batches(spark, broker, names_plain, tmp_path: P
 
 @pytest.mark.streams
 def test_stream_sigkill_restarts_exactly_once_without_a_journal(spark, broker, names_plain, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    url, embedded = broker
-    if embedded is not None and not EMBEDDED_STREAMS:
-        pytest.skip("the embedded broker has no stream queues yet")
+    url, _ = broker
     stream = names_plain.queue("stream")
     _declare(url, stream, **{"x-queue-type": "stream"})
     publisher = _publish(url, stream, MESSAGES, pause=0.5)

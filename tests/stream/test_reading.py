@@ -20,6 +20,7 @@ from spark_amqp.stream.ranges import StreamRange
 from spark_amqp.stream_options import StreamSourceOptions, parse_stream_options
 
 from ..broker.helpers import wait_for
+from ..broker.raw import StreamClient
 from ..brokers import drop_source_connections
 
 pytestmark = pytest.mark.streams
@@ -117,6 +118,34 @@ def test_the_planner_finds_the_end_cheaply_and_plans_ranges(amqp_url: str, names
     assert [(r.start, r.end) for r in ranges] == [(0, 100), (100, 200), (200, 300)]
     assert p.latest_offset({s: 0}, 120, True) == StreamOffset.of({s: 120})  # Spark's ReadMaxRows
     assert p.backlog() == {s: 300}
+
+
+@pytest.mark.parametrize("tail_prefetch", [probe.TAIL_PREFETCH, 7])
+def test_the_end_of_a_stream_whose_chunks_hold_many_messages(amqp_url: str, names, planners, monkeypatch, tail_prefetch: int) -> None:  # type: ignore[no-untyped-def]
+    # A burst of publishes makes chunks of many messages. RabbitMQ 4.x (and the embedded broker)
+    # stop at the prefetch inside a chunk, where 3.10 sent a chunk whole: the end is where the
+    # last chunk ends, not its first delivery. A credit of 7 makes the probe ack and go on.
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    raw = StreamClient(amqp_url)
+    total = 0
+    for _ in range(10):  # how a burst is cut into chunks varies: go on until the last chunk is long
+        raw.publish_burst(s, [b"x" * 100] * 300)
+        total += 300
+        last_chunk = raw.consume_then_cancel(s, "last", 5000)
+        if len(last_chunk) > 7:
+            break
+    raw.close()
+    assert len(last_chunk) > 7 and last_chunk[-1][0] == total - 1
+    monkeypatch.setattr(probe, "TAIL_PREFETCH", tail_prefetch)
+    p = planner(planners, options(amqp_url, s, numPartitions="2"))
+    assert p.ends() == {s: total}
+    start = p.initial_offset()
+    p.prepare_available_now()
+    end = p.latest_offset(start.to_json(), None, True)
+    assert end == StreamOffset.of({s: total})
+    read = [o for part in p.partitions(start.to_json(), end.to_json()) for o, _ in offsets_and_ids(p.options, part)]
+    assert read == list(range(total))
 
 
 @pytest.mark.parametrize("start", ["first", "last", "next", "json"])
