@@ -19,7 +19,19 @@ from . import codec
 
 
 class Message:
-    __slots__ = ("acquired", "body", "deaths", "delivery_count", "exchange", "expires_at", "first_death", "header", "redelivered", "routing_key", "seq")
+    __slots__ = (
+        "acquired",
+        "body",
+        "deaths",
+        "delivery_count",
+        "exchange",
+        "expires_at",
+        "first_death",
+        "header",
+        "redelivered",
+        "routing_key",
+        "seq",
+    )
 
     def __init__(self, exchange: str, routing_key: str, header: bytes, body: bytes) -> None:
         self.exchange = exchange
