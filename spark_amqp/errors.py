@@ -31,6 +31,7 @@ __all__ = [
     "HandshakeFailed",
     "NotAllowed",
     "NotFound",
+    "OtherConsumers",
     "PreconditionFailed",
     "ResourceLocked",
     "is_transient",
@@ -78,6 +79,16 @@ class HandshakeFailed(AmqpProtocolError):
 
 class CallbackFailed(AmqpProtocolError):
     """Code run on a frame from the broker (a delivery handler) raised: a bug, not a broker fault; ``__cause__`` has it."""
+
+
+class OtherConsumers(AmqpProtocolError):
+    """A queue that must have one consumer (an exactly-once query's) has more: found by counting,
+    since quorum queues accept a second consumer however ``exclusive`` its ``basic.consume``."""
+
+    def __init__(self, queue: str, consumers: int) -> None:
+        super().__init__(f"queue '{queue}' has {consumers} consumers, this query's included")
+        self.queue = queue
+        self.consumers = consumers
 
 
 class DecodeError(AmqpProtocolError):

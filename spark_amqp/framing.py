@@ -123,9 +123,10 @@ def shortstr(value: str) -> bytes:
     return bytes((len(raw),)) + raw
 
 
-def confirm_method(channel: int, tag: int, multiple: bool, ack: bool) -> bytes:
+def confirm_method(channel: int, tag: int, multiple: bool, ack: bool, requeue: bool = False) -> bytes:
+    """basic.ack, or basic.nack (a broker's nack never requeues; a consumer's may)."""
     if ack:
         payload = _ACK + _U64.pack(tag) + (b"\x01" if multiple else b"\x00")
-    else:  # basic.nack bits: multiple, requeue (always false from a broker)
-        payload = _NACK + _U64.pack(tag) + (b"\x01" if multiple else b"\x00")
+    else:  # basic.nack bits: multiple, requeue
+        payload = _NACK + _U64.pack(tag) + bytes([(1 if multiple else 0) | (2 if requeue else 0)])
     return frame(FRAME_METHOD, channel, payload)

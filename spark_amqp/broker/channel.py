@@ -16,7 +16,8 @@ from .consumer import Consumer
 from .declare import DeclareMethods
 from .message import Message, sorted_headers
 from .queue import QUORUM_DEFAULT_PREFETCH, Queue
-from .settle import RETURN, SettleMethods, Unacked
+from .settle import REQUEUE, RETURN, SettleMethods, Unacked
+from .timeouts import timeout_argument
 from .tx import Publish, Transaction, TxMethods
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ class Channel(DeclareMethods, SettleMethods, TxMethods):
         self.unacked: OrderedDict[int, Unacked] = OrderedDict()
         self.next_tag = 0
         self.consumer_prefetch = 0
+        self.timed_out: set[int] = set()  # delivery tags a consumer timeout gave back
         self.confirming = False
         self.tx: Transaction | None = None
         self.publish_seq = 0
@@ -260,7 +262,7 @@ class Channel(DeclareMethods, SettleMethods, TxMethods):
             raise errors.PreconditionFailed(f"invalid arg 'x-stream-offset' for queue '{queue.name}' in vhost '/' of queue type {kind}")
         elif queue.is_quorum:
             prefetch = prefetch or QUORUM_DEFAULT_PREFETCH
-        consumer = Consumer(tag, self, queue, bool(method.no_ack), bool(method.exclusive), prefetch)
+        consumer = Consumer(tag, self, queue, bool(method.no_ack), bool(method.exclusive), prefetch, timeout_argument(method.arguments))
         if start is not None:
             queue.add_consumer(consumer, start)  # type: ignore[call-arg]
         else:
@@ -277,6 +279,17 @@ class Channel(DeclareMethods, SettleMethods, TxMethods):
         if consumer is not None:
             consumer.queue.remove_consumer(consumer)
             self.vhost.consumer_gone(consumer.queue)
+
+    def time_out(self, consumer: Consumer, entries: list[Unacked]) -> None:
+        """RabbitMQ 4.3's consumer timeout (see ``timeouts``): the deliveries go back, uncounted,
+        their tags may still be acknowledged (to no effect), and the consumer is cancelled."""
+        consumer.queue.remove_consumer(consumer)
+        self.consumer_cancelled_by_server(consumer)
+        for entry in entries:
+            del self.unacked[entry.tag]
+            self.timed_out.add(entry.tag)
+        self.settle(entries, REQUEUE)
+        self.vhost.consumer_gone(consumer.queue)
 
     def consumer_cancelled_by_server(self, consumer: Consumer) -> None:
         self.consumers.pop(consumer.tag, None)

@@ -13,9 +13,11 @@ if TYPE_CHECKING:
 
 
 class Consumer:
-    __slots__ = ("channel", "exclusive", "no_ack", "position", "prefetch", "queue", "tag", "tag_wire", "unacked")
+    __slots__ = ("channel", "exclusive", "no_ack", "position", "prefetch", "queue", "tag", "tag_wire", "timeout_ms", "unacked")
 
-    def __init__(self, tag: str, channel: Channel, queue: Queue, no_ack: bool, exclusive: bool, prefetch: int) -> None:
+    def __init__(
+        self, tag: str, channel: Channel, queue: Queue, no_ack: bool, exclusive: bool, prefetch: int, timeout_ms: int | None = None
+    ) -> None:
         self.tag = tag
         self.tag_wire = framing.shortstr(tag)
         self.channel = channel
@@ -25,6 +27,7 @@ class Consumer:
         self.prefetch = prefetch  # 0 = unlimited
         self.unacked = 0
         self.position = 0  # next stream offset to read; unused on other queues
+        self.timeout_ms = timeout_ms  # its x-consumer-timeout argument (quorum queues)
 
     def can_take(self) -> bool:
         channel = self.channel

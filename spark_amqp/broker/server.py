@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .. import errors
+from . import timeouts
 from .connection import BrokerConnection
 from .faults import Faults
 from .handshake import MODELLED_VERSION
@@ -74,28 +75,13 @@ class BrokerServer:
             await self._server.wait_closed()
 
     async def _consumer_timeout_loop(self) -> None:
-        # RabbitMQ checks once a minute; checking every quarter of the timeout
-        # (at most once a second) lets tests use a 1-2 s timeout.
         while True:
-            timeout_ms = self.consumer_timeout_ms
-            interval = 1.0 if not timeout_ms else min(1.0, max(0.05, timeout_ms / 4000))
-            await asyncio.sleep(interval)
-            if timeout_ms:
-                self.check_consumer_timeouts(timeout_ms)
-
-    def check_consumer_timeouts(self, timeout_ms: int) -> None:
-        deadline = self.loop.time() - timeout_ms / 1000.0
-        for conn in list(self.connections):
-            for ch in list(conn.channels.values()):
-                oldest = ch.oldest_unacked_at()
-                if oldest is not None and oldest < deadline:
-                    conn.close_channel(
-                        ch,
-                        errors.PreconditionFailed(
-                            f"delivery acknowledgement on channel {ch.number} timed out. Timeout value used: {timeout_ms} ms. "
-                            "This timeout value can be configured, see consumers doc guide to learn more"
-                        ),
-                    )
+            await asyncio.sleep(timeouts.CHECK_INTERVAL)
+            now = self.loop.time()
+            for conn in list(self.connections):
+                for ch in list(conn.channels.values()):
+                    if ch.open and ch.unacked:
+                        timeouts.expire(ch, now, self.consumer_timeout_ms)
 
 
 class _Refuser(asyncio.Protocol):

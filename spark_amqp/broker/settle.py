@@ -46,6 +46,7 @@ class SettleMethods:
     connection: BrokerConnection
     number: int
     unacked: OrderedDict[int, Unacked]
+    timed_out: set[int]
     consumers: dict[str, Consumer]
     tx: Transaction | None
 
@@ -55,9 +56,11 @@ class SettleMethods:
             if tag == 0:
                 taken = list(unacked.values())
                 unacked.clear()
+                self.timed_out.clear()
                 return taken
-            if tag not in unacked:
+            if tag not in unacked and tag not in self.timed_out:
                 raise errors.PreconditionFailed(f"unknown delivery tag {tag}")
+            self.timed_out = {t for t in self.timed_out if t > tag}
             taken = []
             while unacked:
                 first = next(iter(unacked))
@@ -67,6 +70,9 @@ class SettleMethods:
             return taken
         entry = unacked.pop(tag, None)
         if entry is None:
+            if tag in self.timed_out:  # RabbitMQ 4.3 accepts it and ignores it
+                self.timed_out.discard(tag)
+                return []
             raise errors.PreconditionFailed(f"unknown delivery tag {tag}")
         return [entry]
 
@@ -116,8 +122,3 @@ class SettleMethods:
         self.settle(self._take(0, True), REQUEUE)
         if isinstance(method, B.Recover):
             self.connection.send_method(self.number, B.RecoverOk())
-
-    def oldest_unacked_at(self) -> float | None:
-        if not self.unacked:
-            return None
-        return self.unacked[next(iter(self.unacked))].delivered_at

@@ -8,7 +8,7 @@ lazy property decoding).
 
 from .channel import ClientChannel
 from .connection import AmqpClient
-from .consumer import queue_depths
+from .consumer import QueueStats, queue_depths, queue_stats, stats_of
 from .properties import LazyProperties
 
-__all__ = ["AmqpClient", "ClientChannel", "LazyProperties", "queue_depths"]
+__all__ = ["AmqpClient", "ClientChannel", "LazyProperties", "QueueStats", "queue_depths", "queue_stats", "stats_of"]

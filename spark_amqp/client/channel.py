@@ -83,6 +83,17 @@ class ClientChannel:
         if self.is_open:
             self.client.write(framing.confirm_method(self.number, tag, multiple, True))
 
+    async def give_back(self, consumer_tag: str) -> None:
+        """Stop the consumer, then return every unacknowledged delivery with a requeueing nack.
+
+        RabbitMQ 4.3 counts a closed channel as a return towards a quorum queue's delivery-limit,
+        but not a nack. The consumer goes first, or the nacked messages would be sent to it again
+        (and returned again, counted, when the channel closes)."""
+        if not self.is_open:
+            return
+        await self.rpc(commands.Basic.Cancel(consumer_tag=consumer_tag), timeout=min(5.0, self.client.options.connection_timeout))
+        self.client.write(framing.confirm_method(self.number, 0, True, False, requeue=True))
+
     def publish(self, exchange: bytes, routing_key: bytes, mandatory: bool, header_payload: bytes, body: bytes) -> None:
         """basic.publish with pre-encoded shortstr exchange/key and content header payload."""
         self.client.write(

@@ -1,4 +1,4 @@
-"""The consuming side of the client: deliveries sliced from their frames, and queue depths.
+"""The consuming side of the client: deliveries sliced from their frames, and queue statistics.
 
 A delivery's method frame is cut with ``struct`` rather than decoded by pamqp:
 at tens of thousands of messages a second, decoding every frame into objects
@@ -8,7 +8,7 @@ was most of the source runner's CPU.
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from pamqp import commands
 
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from .channel import ClientChannel
     from .connection import AmqpClient
 
-__all__ = ["DELIVER", "body_size", "parse_deliver", "queue_depths", "whole_delivery"]
+__all__ = ["DELIVER", "QueueStats", "body_size", "parse_deliver", "queue_depths", "queue_stats", "stats_of", "whole_delivery"]
 
 DELIVER = struct.pack(">HH", 60, 60)
 _U64 = struct.Struct(">Q")
@@ -74,12 +74,27 @@ def whole_delivery(data: bytes, start: int, end: int, channel: ClientChannel | N
     return body_end + 1
 
 
-async def queue_depths(client: AmqpClient, queues: list[str] | tuple[str, ...]) -> dict[str, int]:
-    """Ready messages per queue, from passive declares (a missing queue raises ``NotFound``)."""
-    depths = {}
+class QueueStats(NamedTuple):
+    ready: int  # messages waiting in the queue
+    consumers: int  # RabbitMQ counts no stream consumers here
+
+
+async def stats_of(channel: ClientChannel, queue: str) -> QueueStats:
+    """A passive ``queue.declare`` (a missing queue raises ``NotFound``, which closes ``channel``)."""
+    ok = await channel.rpc(framing.build(commands.Queue.Declare, queue=queue, passive=True))
+    return QueueStats(int(ok.message_count or 0), int(ok.consumer_count or 0))
+
+
+async def queue_stats(client: AmqpClient, queues: list[str] | tuple[str, ...]) -> dict[str, QueueStats]:
+    """Per queue, from passive declares, each on a channel of its own."""
+    stats = {}
     for queue in queues:
         channel = await client.channel()
-        ok = await channel.rpc(framing.build(commands.Queue.Declare, queue=queue, passive=True))
-        depths[queue] = int(ok.message_count or 0)
+        stats[queue] = await stats_of(channel, queue)
         await channel.close()
-    return depths
+    return stats
+
+
+async def queue_depths(client: AmqpClient, queues: list[str] | tuple[str, ...]) -> dict[str, int]:
+    """Ready messages per queue."""
+    return {q: s.ready for q, s in (await queue_stats(client, queues)).items()}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import socket
 import threading
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -21,8 +22,8 @@ from typing import Any, NamedTuple, TypeVar
 from pamqp import commands
 
 from .. import framing
-from ..client import AmqpClient, ClientChannel, LazyProperties, queue_depths
-from ..errors import AmqpProtocolError, AmqpReplyError, AmqpSourceError, explain, is_transient
+from ..client import AmqpClient, ClientChannel, LazyProperties, queue_stats, stats_of
+from ..errors import AmqpProtocolError, AmqpReplyError, AmqpSourceError, NotFound, OtherConsumers, explain, is_transient
 from ..options import SourceOptions
 from .channel_policy import ChannelPolicy
 
@@ -86,6 +87,7 @@ class ConsumerSession:
         self._consuming: set[str] = set()
         self._policy = ChannelPolicy(options)
         self._last_error = ""
+        self._shared: dict[str, int] = {}  # queue -> consumers last counted, when more than ours
         self._main: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Future[None]] = set()
 
@@ -249,10 +251,13 @@ class ConsumerSession:
                 reason = await channel.closed
             except AmqpReplyError as err:
                 reason = err
+            except OtherConsumers as err:
+                reason = err
+                await self._release(consumer)
             except AmqpProtocolError:
                 return
             self._session_lost(consumer, str(reason) if reason is not None else "closed")
-            if isinstance(reason, AmqpReplyError) and self._on_channel_error(queue, reason):
+            if isinstance(reason, AmqpReplyError | OtherConsumers) and self._on_channel_error(queue, reason):
                 return
             await asyncio.sleep(backoff)
             backoff = min(MAX_BACKOFF, backoff * 2)
@@ -271,10 +276,7 @@ class ConsumerSession:
             inbox.append(Delivery(session, queue, tag, redelivered, exchange, routing_key, props, body))
 
         def on_cancel(tag: str) -> None:
-            # The queue was deleted (or failed over): close this channel; reopening
-            # it re-subscribes, or reports the queue as missing.
-            log.warning("AMQP source: the broker cancelled the consumer of queue '%s'", queue)
-            self._background(channel.close())
+            self._background(self._cancelled(consumer))
 
         channel.on_delivery = on_delivery
         channel.on_cancel = on_cancel
@@ -284,13 +286,53 @@ class ConsumerSession:
             self._started.set()
 
     async def _basic_consume(self, consumer: _Consumer) -> None:
+        # The tag names the host and the query run: what `rabbitmqctl list_consumers` shows of us.
+        tag = f"spark-amqp-{socket.gethostname()}-{consumer.session}"
         ok = await consumer.channel.rpc(
-            framing.build(commands.Basic.Consume, queue=consumer.queue, exclusive=self.options.exclusive_consumer)
+            framing.build(commands.Basic.Consume, queue=consumer.queue, consumer_tag=tag, exclusive=self.options.exclusive_consumer)
         )
         consumer.tag = ok.consumer_tag
+        if self.options.exclusive_consumer:
+            # Quorum queues take a second consumer however exclusive the first: count them. RabbitMQ
+            # applies a quorum queue's checkout before its consume-ok, so the count includes ours.
+            consumers = (await stats_of(consumer.channel, consumer.queue)).consumers
+            if consumers > 1:
+                raise OtherConsumers(consumer.queue, consumers)
         self._policy.subscribed(consumer.queue)
 
-    def _on_channel_error(self, queue: str, reason: AmqpReplyError) -> bool:
+    async def _cancelled(self, consumer: _Consumer) -> None:
+        """The broker cancelled our consumer (basic.cancel) and left its channel open: say why, then
+        give its deliveries back and subscribe again on a new channel (or find the queue gone)."""
+        channel, queue = consumer.channel, consumer.queue
+        try:
+            # 4.3 feeds a timed-out consumer again once its deliveries are settled: cancel it ourselves.
+            await channel.give_back(consumer.tag)
+            await stats_of(channel, queue)
+        except NotFound:
+            log.warning("AMQP source: the broker cancelled the consumer of queue '%s': the queue was deleted", queue)
+            return  # the 404 closed the channel; subscribing again reports the missing queue
+        except AmqpProtocolError:
+            pass  # the channel or connection went anyway; what follows says why
+        else:
+            log.warning(
+                "AMQP source: the broker cancelled the consumer of queue '%s' although the queue still exists. RabbitMQ 4.3 "
+                "does this when a delivery waited longer than the quorum queue's consumer timeout (x-consumer-timeout, "
+                "consumer_timeout: 30 min by default), as batches wait for Spark's commit; it also happens when a queue "
+                "replica takes over. Nothing is lost: the deliveries go back to the queue and are recognised when they come "
+                "again. Subscribing again; raise the consumer timeout if this repeats.",
+                queue,
+            )
+        await channel.close()
+
+    async def _release(self, consumer: _Consumer) -> None:
+        """Give the channel's unacked deliveries back (not a counted return on 4.3) and close it."""
+        try:
+            await consumer.channel.give_back(consumer.tag)
+        except AmqpProtocolError:
+            pass  # the channel went anyway: its deliveries are back in the queue
+        await consumer.channel.close()
+
+    def _on_channel_error(self, queue: str, reason: AmqpProtocolError) -> bool:
         """True when the channel's close is fatal for the query (then the query fails with why)."""
         message = self._policy.failure(queue, reason)
         if message is None:
@@ -330,7 +372,19 @@ class ConsumerSession:
         client = self._client
         if client is None or client.closed.done():
             raise AmqpSourceError(f"not connected to {self.options.connection.display_uri} (reconnecting)")
-        return await queue_depths(client, self.options.queues)
+        stats = await queue_stats(client, self.options.queues)
+        if self.options.exclusive_consumer:
+            for queue, s in stats.items():
+                shared = s.consumers if s.consumers > 1 else 0
+                if shared and self._shared.get(queue) != shared:
+                    log.warning(
+                        "AMQP source: queue '%s' has %d consumers; this query holds it, the newcomer should fail (an exactly-"
+                        "once query checks when it subscribes). Until it does, it takes messages from this query.",
+                        queue,
+                        shared,
+                    )
+                self._shared[queue] = shared
+        return {q: s.ready for q, s in stats.items()}
 
     async def _cancel_all(self) -> None:
         for consumer in list(self._consumers.values()):
@@ -345,8 +399,10 @@ class ConsumerSession:
     async def _shutdown(self) -> None:
         client = self._client
         if client is not None:
-            # One connection.close: the broker closes the channels and requeues
-            # their unacked deliveries; it is quick, and Spark does not wait long.
+            # Unacked deliveries go back as nacks (a closed channel would count as a return
+            # towards a quorum queue's delivery-limit on RabbitMQ 4.3), then one
+            # connection.close: quick, and Spark does not wait long.
+            await asyncio.gather(*(c.channel.give_back(c.tag) for c in self._consumers.values() if c.tag), return_exceptions=True)
             await client.close()
         if self._main is not None:
             self._main.cancel()

@@ -1,4 +1,4 @@
-"""Fault injection and consumer_timeout: embedded broker only."""
+"""Fault injection and the broker-wide consumer_timeout: embedded broker only."""
 
 from __future__ import annotations
 
@@ -114,25 +114,9 @@ def test_refuse_connections_for_a_while(embedded: EmbeddedBroker) -> None:
     connect(embedded.url).close()
 
 
-def test_consumer_timeout_closes_channel_and_requeues() -> None:
-    with EmbeddedBroker(consumer_timeout_ms=1000) as broker:
-        conn = _queue(broker)
-        ch = conn.channel()
-        ch.basic_publish("", "q", b"slow")
-        reasons: list[tuple[int, str]] = []
-        ch._impl.add_on_close_callback(lambda c, reason: reasons.append((reason.reply_code, reason.reply_text)))
-        ch.basic_consume("q", lambda *a: None)  # never acks
-        start = time.monotonic()
-        wait_for(lambda: conn.process_data_events(time_limit=0.05) or reasons, timeout=5)
-        assert 1.0 <= time.monotonic() - start < 3.0
-        assert reasons[0][0] == 406 and "delivery acknowledgement on channel 2 timed out" in reasons[0][1]
-        method, _, body = conn.channel().basic_get("q", auto_ack=True)
-        assert body == b"slow" and method.redelivered
-
-
 def test_consumer_timeout_spares_prompt_ackers() -> None:
     with EmbeddedBroker(consumer_timeout_ms=800) as broker:
-        conn = _queue(broker)
+        conn = _queue(broker, durable=True, arguments={"x-queue-type": "quorum"})
         ch = conn.channel()
         ch.basic_qos(prefetch_count=10)
         got: list[int] = []

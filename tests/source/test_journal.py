@@ -11,6 +11,7 @@ import collections
 import json
 import logging
 import os
+import time
 from pathlib import Path
 
 import pika
@@ -20,7 +21,7 @@ from spark_amqp.errors import AmqpSourceError
 from spark_amqp.source.journal import BatchJournal
 
 from ..broker.helpers import wait_for
-from ..brokers import counts, publish
+from ..brokers import counts, drop_source_connections, publish
 from .driver import MicroBatchDriver
 
 
@@ -194,18 +195,47 @@ def test_a_journal_of_other_queues_is_refused(embedded, tmp_path: Path) -> None:
         other.close()
 
 
-def test_a_second_consumer_on_the_queue_is_refused(amqp_url: str, names, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+def test_a_second_exactly_once_query_fails_fast_and_the_first_goes_on(
+    amqp_url: str, names, embedded_or_none, tmp_path: Path, queue_type: str
+) -> None:  # type: ignore[no-untyped-def]
+    # Every RabbitMQ line (and the embedded broker) accepts a second consumer on a quorum queue
+    # however exclusive: the source counts consumers after subscribing. On a classic queue the
+    # exclusive basic.consume is refused (403).
     q = names.queue()
-    publish(amqp_url, q, [b"m"])
-    first = _driver(amqp_url, q, tmp_path / "one")
-    second = _driver(amqp_url, q, tmp_path / "two")
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    conn.channel().queue_declare(q, durable=True, arguments={"x-queue-type": queue_type})
+    conn.close()
+    publish(amqp_url, q, [b"m%d" % i for i in range(30)], declare=False, message_id=lambda i: f"id-{i}")
+    first = _driver(amqp_url, q, tmp_path / "one", maxMessagesPerTrigger=5, prefetch=10)
     try:
-        assert first.plan() is not None
-        with pytest.raises(AmqpSourceError, match=r"exclusive consumer.*one streaming query per queue"):
-            second.plan(wait=0.1)
+        first.run_batch(*first.plan())
+        for attempt in ("while the first runs", "after the first reconnected"):
+            if attempt.startswith("after"):
+                assert drop_source_connections(amqp_url, embedded_or_none) == 1
+
+                def consuming_again() -> bool:  # deliveries came on a channel of the new connection
+                    first.drain(len(first.rows) + 1, timeout=0.5)
+                    return any(not session.endswith(".1") for session in first.runtime.ledgers)
+
+                wait_for(consuming_again, timeout=30)
+            second = _driver(amqp_url, q, tmp_path / "two", maxMessagesPerTrigger=5, prefetch=10)
+            began = time.monotonic()
+            try:
+                with pytest.raises(AmqpSourceError) as info:
+                    second.plan(wait=30)
+            finally:
+                second.close()
+            assert time.monotonic() - began < 15, attempt  # within seconds, not after a retry period
+            message = str(info.value)
+            assert "one streaming query per queue" in message and "rabbitmqctl list_consumers" in message, message
+            if queue_type == "quorum":
+                assert f"queue '{q}'" in message and "has another consumer: 2 consumers" in message, message
+        ids = _ids(first.drain(30))
+        assert sorted(ids) == sorted(f"id-{i}" for i in range(30)), collections.Counter(ids).most_common(3)
+        assert first.runtime.session is not None and first.runtime.session.fatal is None
     finally:
         first.close()
-        second.close()
 
 
 # -- the journal's files ------------------------------------------------------------------
@@ -303,7 +333,7 @@ def test_exclusive_conflict_after_a_reconnect_is_waited_out(embedded, tmp_path: 
         channel.basic_qos(prefetch_count=1)
         channel.basic_consume("q", lambda *a: None, exclusive=True)
         with caplog.at_level(logging.WARNING, logger="spark_amqp.source"):
-            wait_for(lambda: "still has an exclusive consumer" in caplog.text, timeout=10)
+            wait_for(lambda: "still has another consumer" in caplog.text, timeout=10)
         d.runtime.latest_offset(end, 0)  # not fatal
         other.close()  # the other consumer goes: its unacked message returns, the source resumes
         publish(embedded.url, "q", [b"n%d" % i for i in range(5, 10)], declare=False, message_id=lambda i: f"id-{i + 5}")

@@ -14,7 +14,7 @@ from spark_amqp.broker import EmbeddedBroker
 from spark_amqp.errors import AmqpSourceError
 from spark_amqp.offsets import AmqpSourceOffset
 
-from ..broker.helpers import wait_for
+from ..broker.helpers import consume_n, wait_for
 from ..brokers import counts, publish
 from .driver import MicroBatchDriver
 
@@ -193,20 +193,59 @@ def test_connection_drop_right_after_commit_duplicates_nothing(embedded: Embedde
         d.close()
 
 
-def test_consumer_timeout_with_slow_batches_loses_and_duplicates_nothing() -> None:
-    with EmbeddedBroker(consumer_timeout_ms=1000) as broker:
-        publish(broker.url, "q", [b"m%d" % i for i in range(30)], message_id=lambda i: f"id-{i}")
-        d = MicroBatchDriver(broker.url, "q", maxMessagesPerTrigger=10, prefetch=30)
-        try:
-            start, end = d.plan(max_rows=10)
-            d.run_batch(start, end)
-            time.sleep(2.2)  # a long trigger interval: consumer_timeout closes the channel
+def test_a_consumer_timeout_cancel_with_slow_batches_loses_and_duplicates_nothing(
+    amqp_url: str, names, embedded_or_none, broker_version, caplog
+) -> None:  # type: ignore[no-untyped-def]
+    # RabbitMQ 4.3 times out a quorum queue's consumer with basic.cancel on an open channel; the
+    # source says so (not "the queue was deleted"), gives its deliveries back and subscribes again.
+    # (3.10-4.2 close the channel with 406: test_channel_closed_by_broker_reopens_under_a_new_session.)
+    if broker_version < (4, 3):
+        pytest.skip("RabbitMQ 3.10-4.2 time consumers out by closing the channel, checked once a minute")
+    q = names.queue()
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    conn.channel().queue_declare(q, durable=True, arguments={"x-queue-type": "quorum", "x-consumer-timeout": 1000})
+    conn.close()
+    publish(amqp_url, q, [b"m%d" % i for i in range(30)], declare=False, message_id=lambda i: f"id-{i}")
+    d = MicroBatchDriver(amqp_url, q, maxMessagesPerTrigger=10, prefetch=30)
+    try:
+        start, end = d.plan(max_rows=10)
+        d.run_batch(start, end)
+        with caplog.at_level(logging.WARNING, logger="spark_amqp.source"):
+            # A long trigger interval: the batch's deliveries wait unacknowledged past the timeout.
+            wait_for(lambda: "cancelled the consumer" in caplog.text, timeout=30)
             rows = d.drain(30, max_rows=10)
-            assert len(rows) == 30 and _unique(rows)
-            d.idle_until(lambda: broker.queue_stats("q") == {"ready": 0, "unacked": 0, "consumers": 1})
-            assert d.runtime.metrics.sessions_lost >= 1 and len(d.rows) == 30
-        finally:
-            d.close()
+        assert "although the queue still exists" in caplog.text and "consumer timeout" in caplog.text
+        assert "was deleted" not in caplog.text
+        assert len(rows) == 30 and _unique(rows)
+        d.idle_until(lambda: counts(amqp_url, q, embedded_or_none) == (0, 0), timeout=30)
+        assert d.runtime.metrics.sessions_lost >= 1 and len(d.rows) == 30
+    finally:
+        d.close()
+
+
+def test_a_stopped_query_gives_its_deliveries_back_uncounted_on_4_3(amqp_url: str, names, embedded_or_none, broker_version) -> None:  # type: ignore[no-untyped-def]
+    # Stopping a query closes its connection. To a quorum queue on RabbitMQ 4.3 a closed channel
+    # is a return that counts towards the delivery-limit, a nack is not: the source nacks first.
+    # (3.10 and 4.0 count both.)
+    q = names.queue()
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    conn.channel().queue_declare(q, durable=True, arguments={"x-queue-type": "quorum"})
+    conn.close()
+    publish(amqp_url, q, [b"m%d" % i for i in range(10)], declare=False, message_id=lambda i: f"id-{i}")
+    d = MicroBatchDriver(amqp_url, q, maxMessagesPerTrigger=5, prefetch=10)
+    try:
+        d.run_batch(*d.plan())  # a batch Spark has not committed, and five more prefetched
+        wait_for(lambda: counts(amqp_url, q, embedded_or_none) == (0, 10), timeout=15)
+    finally:
+        d.close()
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=10)
+    got = consume_n(conn, ch, q, 10)
+    conn.close()
+    assert sorted(p.message_id for _, p, _ in got) == sorted(f"id-{i}" for i in range(10))
+    expected = {"x-acquired-count": 1} if broker_version >= (4, 3) else {"x-delivery-count": 1}
+    assert all(m.redelivered and p.headers == expected for m, p, _ in got), [p.headers for _, p, _ in got]
 
 
 def test_channel_closed_by_broker_reopens_under_a_new_session(embedded: EmbeddedBroker) -> None:
