@@ -113,6 +113,9 @@ class SourceOptions:
     dedupe_by: str = "messageId"  # how a redelivered copy is recognised: "messageId" or "content"
     exclusive_consumer: bool = False
     trigger: TriggerOptions = TriggerOptions(DEFAULT_MAX_MESSAGES_PER_TRIGGER)
+    # Without a journal: fail when a message's x-delivery-count reaches this (0: never); None: the
+    # default for the broker's line (16 on RabbitMQ 4.x, whose delivery-limit is 20 by default; off on 3.x).
+    max_delivery_count: int | None = None
 
 
 @dataclass(frozen=True)
@@ -164,6 +167,7 @@ SOURCE_KEYS = CONNECTION_KEYS | {
         "journalRetention",
         "dedupeBy",
         "exclusiveConsumer",
+        "maxDeliveryCount",
     )
 }
 SINK_KEYS = CONNECTION_KEYS | {
@@ -246,12 +250,20 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
     default_prefetch = min(MAX_PREFETCH, max(DEFAULT_PREFETCH, 2 * max_per_trigger))
     prefetch = r.integer("prefetch", default_prefetch, 1, MAX_PREFETCH)
     assert prefetch is not None
-    # One batch waits for its commit while the next fills; both are unacked.
-    if prefetch < 2 * max_per_trigger:
+    journalled = r.text("journalLocation") is not None
+    # Without a journal one batch waits for its commit while the next fills; both are unacked.
+    # With one, a batch is acknowledged as soon as it is journalled.
+    if prefetch < (1 if journalled else 2) * max_per_trigger:
+        if journalled:
+            raise AmqpOptionError(
+                f"option 'prefetch' ({prefetch}) must be at least 'maxMessagesPerTrigger' ({max_per_trigger}): a batch is "
+                f"taken from the deliveries the prefetch window lets in; raise 'prefetch' or lower 'maxMessagesPerTrigger'"
+            )
         raise AmqpOptionError(
             f"option 'prefetch' ({prefetch}) must be at least twice 'maxMessagesPerTrigger' ({max_per_trigger}): "
             "a committed batch stays unacknowledged until the next one is planned, so both must fit in the "
-            f"prefetch window; raise 'prefetch' to {2 * max_per_trigger} or lower 'maxMessagesPerTrigger'"
+            f"prefetch window; raise 'prefetch' to {2 * max_per_trigger} or lower 'maxMessagesPerTrigger' (with "
+            "journalLocation, prefetch need only hold one batch)"
         )
     declaration = None
     if r.boolean("declareQueue", False):
@@ -273,6 +285,12 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         journal = JournalOptions(location.strip(), r.number("journalRetention", DEFAULT_JOURNAL_RETENTION, 1.0, MAX_JOURNAL_RETENTION))
     elif r.text("journalRetention") is not None:
         raise AmqpOptionError("option 'journalRetention' only applies with option 'journalLocation'")
+    max_delivery_count = r.integer("maxDeliveryCount", None, 0, 1_000_000)
+    if journal is not None and max_delivery_count is not None:
+        raise AmqpOptionError(
+            "option 'maxDeliveryCount' only applies without 'journalLocation': with a journal, a message a quorum queue "
+            "returned is journalled and acknowledged at once, so its delivery-limit cannot drop it"
+        )
     dedupe = (r.text("dedupeBy", "messageId") or "").strip()
     if dedupe.lower() not in DEDUPE_MODES:
         raise AmqpOptionError(f"option 'dedupeBy' must be messageId or content, got {dedupe!r}")
@@ -289,6 +307,7 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         # Exactly-once holds only while one query reads each queue: enforce it by default.
         exclusive_consumer=r.boolean("exclusiveConsumer", journal is not None),
         trigger=trigger,
+        max_delivery_count=max_delivery_count,
     )
 
 

@@ -12,6 +12,7 @@ through ``errors.is_transient``.
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 from typing import Any
 
@@ -28,6 +29,13 @@ __all__ = ["AmqpClient", "tls_context"]
 C = commands.Connection
 MAX_FRAME = 131072
 CLOSE_TIMEOUT = 5.0
+
+
+def parse_version(value: Any) -> tuple[int, int] | None:
+    """(major, minor) of a ``version`` server property such as ``4.3.6`` or ``3.10.8``."""
+    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value or "")
+    match = re.match(r"(\d+)\.(\d+)", text)
+    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 def tls_context(options: ConnectionOptions) -> ssl.SSLContext | None:
@@ -73,6 +81,7 @@ class AmqpClient(asyncio.Protocol):
         self.closed: asyncio.Future[AmqpProtocolError] = loop.create_future()
         self.frame_max = MAX_FRAME
         self.heartbeat = 0
+        self.server_version: tuple[int, int] | None = None  # the broker's (major, minor), when it says
         self._tail = b""  # the start of a frame not yet whole
         self._opened: asyncio.Future[None] = loop.create_future()
         self._next_channel = 1
@@ -175,6 +184,7 @@ class AmqpClient(asyncio.Protocol):
 
     def _on_connection_method(self, method: Any) -> None:
         if isinstance(method, C.Start):
+            self.server_version = parse_version((method.server_properties or {}).get("version"))
             props: dict[str, Any] = {
                 "product": "spark-amqp",
                 "connection_name": self.client_name,

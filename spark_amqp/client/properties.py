@@ -322,6 +322,15 @@ class LazyProperties:
             values[2] = None
         return value
 
+    def long_header(self, key: str) -> int | None:
+        """An integer header, read without taking it out (None if absent or not an integer)."""
+        found = find_header(self.header, key.encode()) if self._values is None else None
+        if found is not None and found[0] == 0x6C:
+            return int(_I64.unpack_from(self.header, found[1])[0])
+        headers = self._decoded()[2]
+        value = headers.get(key) if isinstance(headers, dict) else None
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
     def __getattr__(self, name: str) -> Any:
         index = _INDEX.get("type" if name == "message_type" else name)
         if index is None:

@@ -1,22 +1,26 @@
 """``BatchJournal``: planned micro-batches on durable storage, for exact replays.
 
 RabbitMQ cannot replay a queue, so a batch Spark replays after a restart must
-come from here. Each batch is two files, written before ``latestOffset``
-returns its end offset:
+come from here; and since its messages are acknowledged as soon as it is here
+(the journal keeps them from then on), a batch Spark never saw must come from
+here too. Each batch is two files, written before ``latestOffset`` returns its
+end offset and before any of its messages is acknowledged:
 
 * ``batch-<n>.arrows``: the batch's partitions as Arrow IPC streams, back to back;
 * ``batch-<n>.json``: the manifest, written last, so a batch without one was
-  never announced to Spark and is ignored: start and end offset keys, the
-  partitions' sizes, and each message's fingerprint per queue (what recognises
-  a copy the broker redelivers after the batch's acks were lost).
+  never planned and is ignored: start and end offset keys, the partitions'
+  sizes, each message's fingerprint per queue (what recognises a copy the
+  broker redelivers when an ack was lost), and ``acking``: acks may have been
+  sent, so not every copy comes back.
 
-A third, empty file ``batch-<n>.acking`` is written before the first ack that
-covers the batch is sent: without it a restart knows for certain that every
-message of the batch comes back from the broker.
+An empty ``batch-<n>.committed`` marks a batch Spark committed whose entry is
+kept a while longer (copies may still come back): a query started on a new
+checkpoint knows it need not read it again. Version 1 manifests (no
+``acking``: an empty ``batch-<n>.acking`` said it) are read too.
 
 ``n`` increases across runs, so manifests sort in planning order. Files are
-deleted once the broker has provably processed the batch's acks, or when the
-batch's copies have stopped coming back within the retention bound.
+deleted once Spark committed the batch and the broker has provably processed
+its acks, or when its copies have stopped coming back within the retention bound.
 """
 
 from __future__ import annotations
@@ -26,16 +30,18 @@ import logging
 import os
 import time
 import urllib.parse
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from ..errors import AmqpSourceError
 
 log = logging.getLogger("spark_amqp.source")
 
-VERSION = 1
+VERSION = 2
+READS = (1, 2)
 PREFIX = "batch-"
+SUFFIXES = (".json", ".arrows", ".acking", ".committed")
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,7 @@ class JournalEntry:
     # queue -> fingerprints of its messages in the batch, ("id", message id) or ("fp", digest)
     fingerprints: Mapping[str, tuple[tuple[str, str], ...]] = field(repr=False)
     acking: bool = False
+    committed: bool = False
 
     @property
     def rows(self) -> int:
@@ -59,8 +66,9 @@ class Recovery:
 
     committed: list[JournalEntry]  # in Spark's commit log: their copies may still come back
     replayed: JournalEntry | None  # logged, not committed: Spark runs it again
-    discard: list[JournalEntry]  # never logged by Spark, or from an earlier checkpoint
-    stale: bool = False
+    pending: list[JournalEntry]  # never logged by Spark: the next batches, in order
+    discard: list[JournalEntry]  # superseded, or known to be committed by an earlier checkpoint
+    stale: bool = False  # Spark starts from scratch: ``pending`` is chained anew from the initial offset
 
 
 def classify(entries: Sequence[JournalEntry], frontier: str, replay: str | None, initial: str, display: str) -> Recovery:
@@ -68,9 +76,12 @@ def classify(entries: Sequence[JournalEntry], frontier: str, replay: str | None,
 
     ``frontier`` is the start of the batch Spark asks for next or replays,
     ``replay`` the end of a batch it replays. A batch planned from the frontier
-    (and any planned after it) was journalled but the process died before
-    Spark logged its offset: the sink never saw it, so its messages must be read
-    again. Starting from the initial offset means a new checkpoint.
+    (and any planned after it) was journalled, and perhaps acknowledged, but
+    the process died before Spark logged its offset: the sink never saw it, so
+    it is the next batch. Starting from the initial offset means a new
+    checkpoint (or a first run that died before Spark logged its first batch):
+    whatever of the journal is not known to be committed may never have reached
+    a sink, and is read again.
     """
     ours = set(json.loads(initial)["queues"])
     for entry in entries:
@@ -81,15 +92,18 @@ def classify(entries: Sequence[JournalEntry], frontier: str, replay: str | None,
                 f"not {', '.join(sorted(ours))}: give every query its own journal"
             )
     if replay is None and frontier == initial:
-        return Recovery([], None, list(entries), stale=bool(entries))
+        done = [e for e in entries if e.committed]
+        return Recovery([], None, [e for e in entries if not e.committed], done, stale=bool(entries))
     replayed = next((e for e in entries if e.end == replay), None) if replay else None
-    orphans: set[int] = set()
+    pending: list[JournalEntry] = []
+    superseded: list[JournalEntry] = []  # a journal of version 1 planned a lost batch's start again
     key = replayed.end if replayed else frontier
-    while following := [e for e in entries if e.start == key and e.number not in orphans and e is not replayed]:
-        orphans.update(e.number for e in following)
+    while following := [e for e in entries if e.start == key and e not in pending and e not in superseded and e is not replayed]:
+        pending.append(following[-1])
+        superseded.extend(following[:-1])
         key = following[-1].end
-    committed = [e for e in entries if e.number not in orphans and e is not replayed]
-    return Recovery(committed, replayed, [e for e in entries if e.number in orphans])
+    committed = [e for e in entries if e not in pending and e not in superseded and e is not replayed]
+    return Recovery(committed, replayed, pending, superseded)
 
 
 class _Store(Protocol):
@@ -197,8 +211,9 @@ class BatchJournal:
         for name in sorted(names):
             if name.startswith(PREFIX) and name.endswith(".json"):
                 number = int(name[len(PREFIX) : -len(".json")])
-                entries.append(self._read_manifest(number, f"{_stem(number)}.acking" in names))
-        complete = {f"{_stem(e.number)}{suffix}" for e in entries for suffix in (".json", ".arrows", ".acking")}
+                stem = _stem(number)
+                entries.append(self._read_manifest(number, f"{stem}.acking" in names, f"{stem}.committed" in names))
+        complete = {f"{_stem(e.number)}{suffix}" for e in entries for suffix in SUFFIXES}
         for name in names - complete:
             if name.startswith(PREFIX):
                 self.store.delete(name)
@@ -207,23 +222,37 @@ class BatchJournal:
         return entries
 
     def write(self, start: str, end: str, parts: Sequence[bytes], fingerprints: Mapping[str, list[tuple[str, str]]]) -> JournalEntry:
+        """A new batch, whose acks follow (``acking``)."""
         number = self._next
         self._next += 1
-        entry = JournalEntry(number, start, end, tuple(len(p) for p in parts), {q: tuple(f) for q, f in fingerprints.items()})
+        entry = JournalEntry(number, start, end, tuple(len(p) for p in parts), {q: tuple(f) for q, f in fingerprints.items()}, True)
+        try:
+            self.store.put(f"{_stem(number)}.arrows", b"".join(parts))
+        except OSError as err:
+            raise AmqpSourceError(f"cannot write the batch journal at {self.display}: {err}") from None
+        self._put_manifest(entry)
+        return entry
+
+    def restart_from(self, entry: JournalEntry, start: str) -> JournalEntry:
+        """``entry`` planned again from ``start`` (a batch of an earlier checkpoint read again)."""
+        moved = replace(entry, start=start)
+        self._put_manifest(moved)
+        return moved
+
+    def _put_manifest(self, entry: JournalEntry) -> None:
         manifest = {
             "v": VERSION,
-            "start": start,
-            "end": end,
+            "start": entry.start,
+            "end": entry.end,
             "parts": list(entry.part_sizes),
             "fingerprints": {q: [list(f) for f in fps] for q, fps in entry.fingerprints.items()},
+            "acking": entry.acking,
             "written": time.time(),
         }
         try:
-            self.store.put(f"{_stem(number)}.arrows", b"".join(parts))
-            self.store.put(f"{_stem(number)}.json", json.dumps(manifest, separators=(",", ":")).encode())
+            self.store.put(f"{_stem(entry.number)}.json", json.dumps(manifest, separators=(",", ":")).encode())
         except OSError as err:
             raise AmqpSourceError(f"cannot write the batch journal at {self.display}: {err}") from None
-        return entry
 
     def parts(self, entry: JournalEntry) -> list[bytes]:
         data = self.store.get(f"{_stem(entry.number)}.arrows")
@@ -238,22 +267,24 @@ class BatchJournal:
             pos += size
         return out
 
-    def mark_acking(self, entries: Iterable[JournalEntry]) -> None:
-        for entry in entries:
-            self.store.put(f"{_stem(entry.number)}.acking", b"")
+    def mark_committed(self, entry: JournalEntry) -> JournalEntry:
+        self.store.put(f"{_stem(entry.number)}.committed", b"")
+        return replace(entry, committed=True)
 
     def delete(self, entry: JournalEntry) -> None:
         # Manifest first: an entry without one is a leftover, never a batch.
-        for suffix in (".json", ".arrows", ".acking"):
+        for suffix in SUFFIXES:
             self.store.delete(f"{_stem(entry.number)}{suffix}")
 
-    def _read_manifest(self, number: int, acking: bool) -> JournalEntry:
+    def _read_manifest(self, number: int, acking: bool, committed: bool) -> JournalEntry:
         try:
             data: dict[str, Any] = json.loads(self.store.get(f"{_stem(number)}.json"))
-            if data.get("v") != VERSION:
+            if data.get("v") not in READS:
                 raise ValueError(f"unsupported version {data.get('v')!r}")
             fps = {q: tuple((str(k), str(v)) for k, v in items) for q, items in data["fingerprints"].items()}
-            return JournalEntry(number, data["start"], data["end"], tuple(int(s) for s in data["parts"]), fps, acking)
+            acking = acking or bool(data.get("acking"))
+            parts = tuple(int(s) for s in data["parts"])
+            return JournalEntry(number, data["start"], data["end"], parts, fps, acking, committed)
         except (ValueError, KeyError, TypeError) as err:
             raise AmqpSourceError(f"batch journal {self.display}: {_stem(number)}.json is not a journal manifest ({err})") from None
 

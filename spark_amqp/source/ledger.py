@@ -2,12 +2,18 @@
 
 ``SessionLedger`` lists one channel's deliveries in tag order with the batch
 that owns each. Its ack frontier is the highest tag below which every delivery
-belongs to a committed batch: one ``multiple=True`` ack up to it is always safe.
-Acked entries are kept until a synchronous reply on the same channel proves
-the broker processed the ack.
+may be acknowledged: its owner is committed (without a journal) or is in the
+journal (with one, whose entries hold the messages from then on). One
+``multiple=True`` ack up to it is always safe. A delivery the journal holds
+behind one that is not yet planned (a redelivered copy, a rescued redelivery)
+is acknowledged on its own instead, and the frontier's later multi-ack never
+names its tag (RabbitMQ refuses a multi-ack whose own tag was already acked:
+406 unknown delivery tag). Every round of acks gets a number, in the order it
+is sent; acked entries are kept until a synchronous reply on the same channel,
+sent after that round, proves the broker processed it.
 
 When a channel dies, every delivery of it that a batch owns (planned, or
-committed with an unproven ack) is remembered in ``RedeliveryFilter``: the
+acked with the ack not yet proven) is remembered in ``RedeliveryFilter``: the
 broker will redeliver it on a new channel, and that copy is acknowledged with
 its owner instead of being emitted again.
 """
@@ -18,64 +24,100 @@ import hashlib
 import time
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
+from typing import NamedTuple
 
 from .session import Delivery
 
 UNPLANNED = -1
+PENDING, MULTI, SINGLE = 0, 1, 2  # Entry.acked: not yet, by the frontier's multi-ack, on its own
 
 
 class Entry:
-    __slots__ = ("delivery", "owner", "tag")
+    __slots__ = ("acked", "delivery", "owner", "round", "tag")
 
     def __init__(self, tag: int, delivery: Delivery) -> None:
         self.tag = tag
         self.owner = UNPLANNED  # batch sequence number once planned or matched
         self.delivery = delivery
+        self.acked = PENDING
+        self.round = 0  # the ack round that covered it
+
+
+class Acks(NamedTuple):
+    """One round of acks for a channel: a multi-ack up to ``multiple`` and single acks, proven as ``round``."""
+
+    multiple: int | None
+    singles: list[int]
+    round: int
 
 
 class SessionLedger:
     def __init__(self) -> None:
-        self.unacked: deque[Entry] = deque()
-        self.acked: deque[Entry] = deque()  # ack sent, not yet proven processed
+        self.unacked: deque[Entry] = deque()  # in tag order, up to and beyond the frontier
+        self.acked: deque[Entry] = deque()  # ack sent, not yet proven; in round order
+        self.rounds = 0
+        self._claimed = False  # an entry behind the frontier got an owner since the last round
 
     def add(self, entry: Entry) -> None:
         self.unacked.append(entry)
 
-    def advance(self, committed: int) -> int | None:
-        """Move the frontier past committed entries; the tag to multi-ack, or None."""
+    def claim(self, entry: Entry, owner: int) -> None:
+        entry.owner = owner
+        self._claimed = True
+
+    def next_acks(self, ackable: int, singles: bool = False) -> Acks | None:
+        """Move the frontier past entries owned by batch ``ackable`` or earlier; with ``singles``, owned
+        entries behind it are acked on their own. None when there is nothing to send."""
         unacked = self.unacked
+        moved: list[Entry] = []
         last = None
         while unacked:
-            owner = unacked[0].owner
-            if owner == UNPLANNED or owner > committed:
+            entry = unacked[0]
+            if entry.owner == UNPLANNED or entry.owner > ackable:
                 break
-            entry = unacked.popleft()
+            unacked.popleft()
+            if entry.acked == PENDING:
+                entry.acked = MULTI
+                moved.append(entry)
+                last = entry.tag
+        single: list[Entry] = []
+        if singles and self._claimed:
+            single = [e for e in unacked if e.acked == PENDING and e.owner != UNPLANNED and e.owner <= ackable]
+            for entry in single:
+                entry.acked = SINGLE
+        self._claimed = False
+        if not moved and not single:
+            return None
+        self.rounds += 1
+        for entry in (*moved, *single):
+            entry.round = self.rounds
             self.acked.append(entry)
-            last = entry.tag
-        return last
+        # Entries of the multi-ack that come after its last tag were acked on their own before.
+        return Acks(last, [e.tag for e in single], self.rounds)
 
-    def confirmed(self, tag: int) -> None:
+    def confirmed(self, ack_round: int) -> None:
+        """The broker processed every round up to ``ack_round``."""
         acked = self.acked
-        while acked and acked[0].tag <= tag:
+        while acked and acked[0].round <= ack_round:
             acked.popleft()
 
     def settled(self, committed: int) -> bool:
         """Every committed delivery is acked and the broker has proven it."""
-        return not self.acked and all(e.owner == UNPLANNED or e.owner > committed for e in self.unacked)
+        return not self.acked and all(e.owner == UNPLANNED or e.owner > committed or e.acked for e in self.unacked)
 
     def unproven(self, committed: int) -> Iterator[int]:
         """Batches that own a committed delivery whose ack the broker has not yet been proven to process."""
         for entry in self.acked:
             yield entry.owner
         for entry in self.unacked:
-            if entry.owner != UNPLANNED and entry.owner <= committed:
+            if entry.owner != UNPLANNED and entry.owner <= committed and not entry.acked:
                 yield entry.owner
 
     def owned(self) -> Iterator[Entry]:
         """Entries a batch owns that the broker may still redeliver."""
         yield from self.acked
         for entry in self.unacked:
-            if entry.owner != UNPLANNED:
+            if entry.owner != UNPLANNED and not entry.acked:
                 yield entry
 
     def __len__(self) -> int:

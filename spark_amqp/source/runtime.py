@@ -1,15 +1,17 @@
 """``SourceRuntime``: the source's state in Spark's source-runner process.
 
-It turns what the consumer session delivered into micro-batches, serves each
-batch's rows to ``partitions`` from memory, and acknowledges a batch only once
-Spark has committed it: in ``commit(end)``, and in the next ``latestOffset``
-(Spark calls it only after the previous batch reached the commit log, and it
-never calls ``commit`` while idle or for the last batch of an AvailableNow run).
+It turns what the consumer session delivered into micro-batches and serves
+each batch's rows to ``partitions`` from memory. Without a journal a batch is
+acknowledged only once Spark has committed it: in ``commit(end)``, and in the
+next ``latestOffset`` (Spark calls it only after the previous batch reached the
+commit log, and it never calls ``commit`` while idle or for the last batch of an
+AvailableNow run). With a journal a batch is acknowledged as soon as its entry
+is written, and a redelivery a quorum queue counts towards its delivery-limit is
+journalled at once as a batch of its own, to be given to Spark next.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import os
@@ -22,27 +24,34 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from ..client import AmqpClient, queue_depths
-from ..errors import AmqpSourceError, explain, is_transient
+from ..errors import AmqpSourceError
 from ..offsets import AmqpSourceOffset, QueuePosition
 from ..options import DEFAULT_JOURNAL_RETENTION, SourceOptions
 from . import arrow
 from .admission import Admission
-from .journalled import JournalledBatches
+from .available_now import AvailableNow, measure_depths
+from .intake import Intake, returns
+from .journalled import Journalled, JournalledBatches
 from .ledger import Entry, RedeliveryFilter, SessionLedger
-from .session import AckConfirmed, ConsumerSession, Delivery, SessionClosed
+from .session import ConsumerSession
 
 log = logging.getLogger("spark_amqp.source")
 
 RUNNER_MODULE = "pyspark.sql.streaming.python_streaming_source_runner"
 AUTO_PARTITION_ROWS = 25_000
-IDLE_RECHECK_SECONDS = 0.5
 BACKLOG_INTERVAL = 1.0  # at most one round of passive declares a second for the progress report
+HELD = sys.maxsize  # with a journal, every batch's messages are in it: all of them may be acknowledged
+# Without a journal, where a quorum queue's x-delivery-count starts to matter: RabbitMQ 4.x drops a
+# message returned more than its delivery-limit times (20 by default).
+WARN_RETURNS = 2
+DEFAULT_MAX_RETURNS_4X = 16
 
 
 @dataclass
 class PlannedBatch:
     seq: int
+    start: str  # AmqpSourceOffset.key
+    end: AmqpSourceOffset
     partitions: list[bytes]
     rows: int
 
@@ -51,9 +60,8 @@ class PlannedBatch:
 class SourceMetrics:
     emitted: int = 0
     batches: int = 0
-    redeliveries_dropped: int = 0
-    sessions_lost: int = 0
     acks_sent: int = 0
+    rescued: int = 0  # redeliveries journalled at once (with a journal)
 
 
 class SourceRuntime:
@@ -61,24 +69,32 @@ class SourceRuntime:
         self.options = options
         self.run_id = uuid.uuid4().hex[:12]
         self.session: ConsumerSession | None = None
-        self.buffer: deque[Entry] = deque()
-        self.ledgers: dict[str, SessionLedger] = {}
-        self.dead_sessions: set[str] = set()
         journal = options.journal
         self.filter = RedeliveryFilter(journal.retention if journal else DEFAULT_JOURNAL_RETENTION, options.dedupe_by)
+        self.intake = Intake(self.filter)
         self.journalled = JournalledBatches(journal, options.queues, self.filter) if journal else None
         self.recovered = journal is None  # journal read back and matched to Spark's offsets
-        self.planned: dict[str, PlannedBatch] = {}
+        self.planned: dict[str, PlannedBatch] = {}  # by end key, until committed
+        self.pending: deque[PlannedBatch] = deque()  # planned and journalled, not yet given to Spark
         self.next_seq = 1
+        self.given_seq = 0  # the last batch latestOffset returned (or Spark replayed)
         self.committed_seq = 0
-        self.last_end = AmqpSourceOffset.initial(options.queues)
+        self.last_end = AmqpSourceOffset.initial(options.queues)  # the end of the newest batch planned
         self.metrics = SourceMetrics()
         self.admission = Admission(options.trigger)
-        self.available_now: dict[str, int] | None = None
-        self._idle_since: float | None = None
+        self.available_now: AvailableNow | None = None
+        self._warned_returns = 0
         self._backlog: dict[str, Any] | None = None
         self._backlog_at = -BACKLOG_INTERVAL
         self._terminating = False
+
+    @property
+    def buffer(self) -> deque[Entry]:
+        return self.intake.buffer
+
+    @property
+    def ledgers(self) -> dict[str, SessionLedger]:
+        return self.intake.ledgers
 
     # -- lifecycle --------------------------------------------------------------
 
@@ -96,8 +112,8 @@ class SourceRuntime:
             self.session.stop()
 
     def _install_sigterm_handler(self) -> None:
-        # Spark stops a query by sending the runner SIGTERM; close the channels
-        # cleanly first so unacked deliveries return to their queues at once.
+        # Spark stops a query by sending the runner SIGTERM; give unacked deliveries
+        # back and close the connection first, so they return to their queues at once.
         def on_sigterm(signum: int, frame: FrameType | None) -> None:
             if self._terminating:
                 return
@@ -117,10 +133,12 @@ class SourceRuntime:
         if not self.recovered:
             self._recover(origin.key, None)
         session = self.ensure_started()
-        if self.planned:  # every batch planned before this call is in the commit log
-            self._committed(max(b.seq for b in self.planned.values()))
+        if self.given_seq > self.committed_seq:  # every batch given before this call is in the commit log
+            self._committed(self.given_seq)
         self._pump()
         self._acknowledge()
+        if self.pending:
+            return self._give(origin, self.pending.popleft())
         limit = self.options.max_messages_per_trigger if max_rows is None else max_rows
         now = time.monotonic()
         if self.available_now is None and use_minimum and not self.admission.admit(len(self.buffer), now, limit, True):
@@ -130,26 +148,29 @@ class SourceRuntime:
         if self.available_now is not None:
             # Trigger.AvailableNow ends the run at the first latestOffset that
             # returns its start, so wait for data until the target is reached.
-            while not taken and any(self.available_now.values()):
+            while not taken and not self.pending and not self.available_now.reached:
                 session.check()
                 time.sleep(0.01)
                 self._pump()
                 self._acknowledge()
                 taken = self._take(limit)
+            if self.pending:  # redeliveries journalled while waiting go first
+                self._unplan(taken)
+                return self._give(origin, self.pending.popleft())
             if not taken:
                 self._await_acks(session)
         if not taken:
             self._retire()
             return origin.to_json()
-        end = self._plan(origin, taken)
+        batch = self._plan(origin, taken)
         self.admission.fired(now)
-        self.last_end = end
-        return end.to_json()
+        return self._give(origin, batch)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[bytes]:
         end_offset = AmqpSourceOffset.from_json(end)
         if AmqpSourceOffset.from_json(start) == end_offset:
-            self.last_end = end_offset
+            if not self.pending:
+                self.last_end = end_offset
             return []
         batch = self.planned.get(end_offset.key)
         if batch is None and not self.recovered:
@@ -162,8 +183,10 @@ class SourceRuntime:
                 "read again in later batches; this replay returns no rows.",
                 end_offset.key,
             )
-            self.last_end = end_offset
+            if not self.pending:
+                self.last_end = end_offset
             return []
+        self.given_seq = max(self.given_seq, batch.seq)
         return batch.partitions
 
     def commit(self, end: dict[str, Any]) -> None:
@@ -177,29 +200,32 @@ class SourceRuntime:
 
     def prepare_available_now(self) -> None:
         """Fix the target: what each queue holds now (passive declare) plus what is buffered here."""
+        name = f"spark-amqp source {self.run_id} depth"
         if self.session is None:
-            depths = self._queue_depths(self.options.queues)
+            depths = measure_depths(self.options.connection, name, self.options.queues)
             self.ensure_started()
-            self.available_now = dict(depths)
+            targets = dict(depths)
         else:
             # Consuming already: stop deliveries so that queue depth plus what is
             # here is an exact snapshot, then carry on.
             session = self.ensure_started()
             session.pause()
             self._pump()
-            depths = self._queue_depths(self.options.queues)
+            depths = measure_depths(self.options.connection, name, self.options.queues)
             buffered = Counter(e.delivery.queue for e in self.buffer)
-            self.available_now = {q: depths[q] + buffered[q] for q in self.options.queues}
+            targets = {q: depths[q] + buffered[q] for q in self.options.queues}
             session.resume()
-        log.info("AMQP source: AvailableNow run will read %s", self.available_now)
+        self.available_now = AvailableNow(targets, self.options.connection, name)
+        log.info("AMQP source: AvailableNow run will read %s", targets)
 
     def backlog(self) -> dict[str, Any] | None:
         """Per queue, messages ready on the broker and delivered here but not yet in a batch.
 
         What Spark 4.2+ shows as the source's ``latestOffset`` in the query's
-        progress. Cached for ``BACKLOG_INTERVAL``; a failed measurement keeps
-        the last value rather than failing the query (the consumer reports
-        real failures).
+        progress, with the highest ``x-delivery-count`` this run has seen where a
+        quorum queue stamped one. Cached for ``BACKLOG_INTERVAL``; a failed
+        measurement keeps the last value rather than failing the query (the
+        consumer reports real failures).
         """
         session = self.session
         now = time.monotonic()
@@ -212,61 +238,91 @@ class SourceRuntime:
             log.debug("AMQP source: backlog not measured: %s", err)
             return self._backlog
         prefetched = Counter(e.delivery.queue for e in self.buffer)
-        self._backlog = {q: {"ready": ready[q], "prefetched": prefetched[q]} for q in self.options.queues}
+        most = self.intake.most_returns
+        self._backlog = {
+            q: {"ready": ready[q], "prefetched": prefetched[q], **({"deliveryCount": most[q]} if q in most else {})}
+            for q in self.options.queues
+        }
         return self._backlog
 
     # -- internals -------------------------------------------------------------------
+
+    def _give(self, origin: AmqpSourceOffset, batch: PlannedBatch) -> dict[str, Any]:
+        if batch.start != origin.key:
+            raise AmqpSourceError(
+                f"internal error: the next journalled batch starts at {batch.start}, but Spark asks from {origin.key}; "
+                "the query can be restarted safely (the journal still holds the batch)"
+            )
+        self.given_seq = batch.seq
+        return batch.end.to_json()
 
     def _pump(self) -> None:
         assert self.session is not None
         if not self.recovered:  # deliveries wait until the journal's redelivered copies are known
             return
-        inbox = self.session.inbox
-        buffer = self.buffer
-        ledgers = self.ledgers
-        filt = self.filter
-        while inbox:
-            item = inbox.popleft()
-            if type(item) is Delivery:
-                sid = item.session
-                ledger = ledgers.get(sid)
-                if ledger is None:
-                    if sid in self.dead_sessions:
-                        continue
-                    ledger = ledgers[sid] = SessionLedger()
-                entry = Entry(item.tag, item)
-                ledger.add(entry)
-                if item.redelivered:
-                    owner = filt.match(item)
-                    if owner is not None:
-                        entry.owner = owner
-                        self.metrics.redeliveries_dropped += 1
-                        continue
-                buffer.append(entry)
-            elif isinstance(item, SessionClosed):
-                self._session_closed(item)
-            elif isinstance(item, AckConfirmed):
-                ledger = ledgers.get(item.session)
-                if ledger is not None:
-                    ledger.confirmed(item.tag)
-                    if self.journalled is not None:
-                        self.journalled.ack_proven()
-        filt.expire()
+        returned, proven = self.intake.take(self.session.inbox)
+        if proven and self.journalled is not None:
+            self.journalled.ack_proven()
+        if returned:
+            if self.journalled is not None:
+                self._rescue(returned)
+            else:
+                self._check_returns(returned)
 
-    def _session_closed(self, event: SessionClosed) -> None:
-        self.metrics.sessions_lost += 1
-        self.dead_sessions.add(event.session)
-        ledger = self.ledgers.pop(event.session, None)
-        # Unplanned deliveries of the dead channel come back as redeliveries.
-        unplanned = [e for e in self.buffer if e.delivery.session == event.session]
-        if unplanned:
-            # In place: _pump holds a reference to this deque.
-            kept = [e for e in self.buffer if e.delivery.session != event.session]
-            self.buffer.clear()
-            self.buffer.extend(kept)
-        if ledger is not None:
-            self.filter.session_lost(list(ledger.owned()), unplanned)
-        log.info("AMQP source: session %s (queue '%s') ended: %s", event.session, event.queue, event.reason)
+    def _rescue(self, entries: list[Entry]) -> None:
+        """Redeliveries a quorum queue counts towards its delivery-limit: journalled now, acknowledged, and given
+        to Spark as the next batches, so that whatever happens to this query next, the broker never returns them again."""
+        rescued = set(entries)
+        self.intake.keep_only(lambda e: e not in rescued)
+        if self.available_now is not None:
+            for entry in entries:
+                self.available_now.take(entry.delivery.queue)
+        step = self.options.max_messages_per_trigger
+        for i in range(0, len(entries), step):
+            self.pending.append(self._plan(self.last_end, entries[i : i + step]))
+        self.metrics.rescued += len(entries)
+        log.info(
+            "AMQP source: %d redelivered message(s) a quorum queue counts towards its delivery-limit (x-delivery-count up to "
+            "%d) are journalled and acknowledged at once, and make the next batch(es)",
+            len(entries),
+            max(returns(e.delivery) for e in entries),
+        )
+
+    def _check_returns(self, entries: list[Entry]) -> None:
+        """Without a journal, a returned message waits unacknowledged for its batch's commit like any other; fail
+        before a quorum queue's delivery-limit can drop it."""
+        worst = max(entries, key=lambda e: returns(e.delivery))
+        count = returns(worst.delivery)
+        queue = worst.delivery.queue
+        limit = self._max_returns()
+        if limit and count >= limit:
+            self.shutdown()  # gives the deliveries back with nacks, which RabbitMQ 4.3 does not count
+            raise AmqpSourceError(
+                f"queue '{queue}': a message came back {count} times (x-delivery-count {count}). RabbitMQ 4.x drops, "
+                "or dead-letters, a quorum queue's message returned more than its delivery-limit (20 by default) times, and "
+                "without journalLocation this query holds messages unacknowledged until Spark commits their batch, so every "
+                "failure, restart or lost connection returns them once more. Stopped before the broker drops any: fix what "
+                "makes the query restart, then set journalLocation (the journal keeps returned messages itself), or give the "
+                "queue a dead-letter exchange or a higher delivery-limit (policy keys dead-letter-exchange, delivery-limit), "
+                f"or raise maxDeliveryCount (now {limit}; 0 reads on regardless)"
+            )
+        if count >= WARN_RETURNS and count > self._warned_returns:
+            self._warned_returns = count
+            log.warning(
+                "AMQP source: queue '%s': a message came back %d times (x-delivery-count). RabbitMQ 4.x drops a quorum "
+                "queue's message past its delivery-limit (20 by default); this query stops at %s. Set journalLocation, or a "
+                "dead-letter exchange on the queue, so that restarts cannot lose messages.",
+                queue,
+                count,
+                limit or "no limit (maxDeliveryCount=0)",
+            )
+
+    def _max_returns(self) -> int:
+        """maxDeliveryCount; by default 16 on RabbitMQ 4.x (whose default delivery-limit is 20), off on 3.x."""
+        if self.options.max_delivery_count is not None:
+            return self.options.max_delivery_count
+        version = self.session.server_version if self.session is not None else None
+        return DEFAULT_MAX_RETURNS_4X if version is not None and version >= (4, 0) else 0
 
     def _committed(self, seq: int) -> None:
         self.committed_seq = max(self.committed_seq, seq)
@@ -275,12 +331,12 @@ class SourceRuntime:
 
     def _acknowledge(self) -> None:
         assert self.session is not None
-        if self.journalled is not None:
-            self.journalled.before_acks(self.committed_seq)
-        for sid, ledger in self.ledgers.items():
-            tag = ledger.advance(self.committed_seq)
-            if tag is not None:
-                self.session.ack(sid, tag)
+        custody = self.journalled is not None
+        ackable = HELD if custody else self.committed_seq
+        for sid, ledger in self.intake.ledgers.items():
+            acks = ledger.next_acks(ackable, singles=custody)
+            if acks is not None:
+                self.session.ack(sid, acks.multiple, acks.singles, acks.round)
                 self.metrics.acks_sent += 1
 
     def _take(self, limit: int) -> list[Entry]:
@@ -293,44 +349,30 @@ class SourceRuntime:
         kept: deque[Entry] = deque()
         while buffer and len(taken) < limit:
             entry = buffer.popleft()
-            queue = entry.delivery.queue
-            if quota.get(queue, 0) > 0:
-                quota[queue] -= 1
+            if quota.take(entry.delivery.queue):
                 taken.append(entry)
             else:
                 kept.append(entry)  # beyond this run's target: stays unacked, returns to the queue
-        # Skipped entries go back in front, in place (_pump holds this deque).
+        # Skipped entries go back in front, in place (the intake holds this deque).
         kept.extend(buffer)
         buffer.clear()
         buffer.extend(kept)
         if not taken:
-            self._check_drained()
+            quota.check_drained({e.delivery.queue for e in buffer})
         return taken
 
-    def _check_drained(self) -> None:
-        """AvailableNow: a queue that is empty on the broker and here has nothing more to give."""
-        assert self.available_now is not None
-        waiting = [q for q, n in self.available_now.items() if n > 0]
-        if not waiting:
-            return
-        now = time.monotonic()
-        if self._idle_since is None:
-            self._idle_since = now
-            return
-        if now - self._idle_since < IDLE_RECHECK_SECONDS:
-            return
-        self._idle_since = now
-        for queue, depth in self._queue_depths(waiting).items():
-            if depth == 0 and not any(e.delivery.queue == queue for e in self.buffer):
-                log.info("AMQP source: queue '%s' drained before its AvailableNow target; finishing it", queue)
-                self.available_now[queue] = 0
+    def _unplan(self, taken: list[Entry]) -> None:
+        """Put taken entries back in front of the buffer (a journalled batch goes first)."""
+        if self.available_now is not None:
+            for entry in taken:
+                self.available_now.left[entry.delivery.queue] += 1
+        self.buffer.extendleft(reversed(taken))
 
-    def _plan(self, origin: AmqpSourceOffset, taken: list[Entry]) -> AmqpSourceOffset:
+    def _plan(self, origin: AmqpSourceOffset, taken: list[Entry]) -> PlannedBatch:
         seq = self.next_seq
         self.next_seq += 1
         positions: dict[str, QueuePosition] = {}
         for entry in taken:
-            entry.owner = seq
             delivery = entry.delivery
             positions[delivery.queue] = QueuePosition(delivery.session, delivery.tag)
         rows = [e.delivery for e in taken]
@@ -340,12 +382,17 @@ class SourceRuntime:
         step = math.ceil(len(rows) / count)
         parts = [arrow.to_ipc(batch.slice(i, step)) for i in range(0, len(rows), step)]
         end = origin.advanced(positions)
-        if self.journalled is not None:  # durable before Spark logs the offset: a replay reads it back
+        if self.journalled is not None:  # durable before Spark logs the offset and before any ack
             self.journalled.record(seq, origin.key, end.key, parts, taken, self.options.dedupe_by)
-        self.planned[end.key] = PlannedBatch(seq, parts, len(rows))
+        self.intake.claim(taken, seq)
+        planned = PlannedBatch(seq, origin.key, end, parts, len(rows))
+        self.planned[end.key] = planned
+        self.last_end = end
         self.metrics.emitted += len(rows)
         self.metrics.batches += 1
-        return end
+        if self.journalled is not None:
+            self._acknowledge()  # the journal holds them now
+        return planned
 
     def _await_acks(self, session: ConsumerSession, timeout: float = 5.0) -> None:
         """Before an AvailableNow run ends, make sure its last batch's acks reached the broker."""
@@ -364,38 +411,22 @@ class SourceRuntime:
         self.next_seq = found.next_seq
         if found.committed_seq is not None:
             self.committed_seq = found.committed_seq
-        if found.replay is not None and replay is not None:
-            seq, parts, rows = found.replay
-            self.planned[replay] = PlannedBatch(seq, parts, rows)
+        if found.replay is not None:
+            self._serve(found.replay)
+        for journalled in found.pending:
+            self.pending.append(self._serve(journalled))
+
+    def _serve(self, journalled: Journalled) -> PlannedBatch:
+        batch = PlannedBatch(
+            journalled.seq, journalled.start, AmqpSourceOffset.from_json(journalled.end), journalled.parts, journalled.rows
+        )
+        self.planned[journalled.end] = batch
+        self.last_end = batch.end
+        return batch
 
     def _retire(self, force: bool = False) -> None:
         if self.journalled is not None:
             self.journalled.retire(self.committed_seq, self.ledgers.values(), force)
-
-    def _queue_depths(self, queues: list[str] | tuple[str, ...]) -> dict[str, int]:
-        """Ready messages per queue; transient failures are retried for up to connectionTimeout."""
-        connection = self.options.connection
-
-        async def measure() -> dict[str, int]:
-            client = await AmqpClient.connect(connection, f"spark-amqp source {self.run_id} depth")
-            try:
-                return await queue_depths(client, queues)
-            finally:
-                await client.close()
-
-        deadline = time.monotonic() + connection.connection_timeout
-        backoff = 0.2
-        while True:
-            try:
-                return asyncio.run(measure())
-            except Exception as err:
-                if is_transient(err) and time.monotonic() + backoff < deadline:
-                    log.warning("AMQP source: cannot measure queue depths (%s); retrying", err)
-                    time.sleep(backoff)
-                    backoff = min(2 * backoff, 5.0)
-                    continue
-                subject = f"queue '{queues[0]}'" if len(queues) == 1 else f"queues {', '.join(queues)}"
-                raise AmqpSourceError(explain(err, connection.display_uri, connection.username, connection.vhost, subject)) from err
 
 
 def _in_source_runner() -> bool:

@@ -51,10 +51,10 @@ class SessionClosed(NamedTuple):
 
 
 class AckConfirmed(NamedTuple):
-    """The broker processed every ack up to ``tag`` on ``session`` (a later sync reply proved it)."""
+    """The broker processed every round of acks up to ``round`` on ``session`` (a later sync reply proved it)."""
 
     session: str
-    tag: int
+    round: int
 
 
 MIN_BACKOFF = 0.2
@@ -88,6 +88,7 @@ class ConsumerSession:
         self._policy = ChannelPolicy(options)
         self._last_error = ""
         self._shared: dict[str, int] = {}  # queue -> consumers last counted, when more than ours
+        self.server_version: tuple[int, int] | None = None  # the broker's, once connected
         self._main: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Future[None]] = set()
 
@@ -115,11 +116,12 @@ class ConsumerSession:
         if self.fatal is not None:
             raise self.fatal
 
-    def ack(self, session: str, tag: int) -> None:
-        """Multi-ack up to ``tag`` on ``session``'s channel, if that channel is still alive."""
+    def ack(self, session: str, multiple: int | None, singles: list[int], ack_round: int) -> None:
+        """On ``session``'s channel, if it is still alive: a multi-ack up to ``multiple`` and single acks of
+        ``singles``; then ``AckConfirmed(session, ack_round)`` once a synchronous reply proves them."""
         loop = self._loop
         if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self._ack, session, tag)
+            loop.call_soon_threadsafe(self._ack, session, multiple, singles, ack_round)
 
     def pause(self, timeout: float = 10.0) -> None:
         """Cancel every consumer and wait for the broker's cancel-ok: after this, nothing more arrives."""
@@ -191,6 +193,7 @@ class ConsumerSession:
                 continue
             backoff = MIN_BACKOFF
             self._client = client
+            self.server_version = client.server_version
             tasks = [self._supervised(self._consume_queue(client, q)) for q in self.options.queues]
             reason = await client.closed
             for task in tasks:
@@ -348,25 +351,28 @@ class ConsumerSession:
             self._consuming.discard(consumer.queue)
             self.inbox.append(SessionClosed(consumer.session, consumer.queue, reason))
 
-    def _ack(self, session: str, tag: int) -> None:
+    def _ack(self, session: str, multiple: int | None, singles: list[int], ack_round: int) -> None:
         consumer = self._consumers.get(session)
         if consumer is None or not consumer.channel.is_open:
             return
-        consumer.channel.ack(tag, True)
-        self._background(self._prove_ack(consumer, tag))
+        if multiple is not None:
+            consumer.channel.ack(multiple, True)
+        for tag in singles:
+            consumer.channel.ack(tag, False)
+        self._background(self._prove_ack(consumer, ack_round))
 
     def _background(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _prove_ack(self, consumer: _Consumer, tag: int) -> None:
+    async def _prove_ack(self, consumer: _Consumer, ack_round: int) -> None:
         # basic.qos is synchronous: its reply proves the ack before it was processed.
         try:
             await consumer.channel.rpc(commands.Basic.Qos(prefetch_count=self.options.prefetch))
         except AmqpProtocolError:
             return  # the channel is gone: its deliveries come back, and the ledger knows the ack is unproven
-        self.inbox.append(AckConfirmed(consumer.session, tag))
+        self.inbox.append(AckConfirmed(consumer.session, ack_round))
 
     async def _ready_counts(self) -> dict[str, int]:
         client = self._client

@@ -41,6 +41,12 @@ def _crash(d: MicroBatchDriver) -> None:
     d.close()  # no commit: to the broker this is a dead consumer, its deliveries are requeued
 
 
+def _lose_acks(d: MicroBatchDriver) -> None:
+    """The process dies before its acks leave: every message comes back, journalled ones too."""
+    d.runtime.ensure_started()
+    d.runtime.session.ack = lambda *args: None  # type: ignore[method-assign, union-attr]
+
+
 def _purge(url: str, queue: str) -> None:
     conn = pika.BlockingConnection(pika.URLParameters(url))
     conn.channel().queue_purge(queue)
@@ -64,31 +70,57 @@ def test_replayed_batch_is_identical_and_its_redelivered_copies_are_dropped(amqp
     q, journal = names.queue(), tmp_path / "journal"
     first, start, end, original = _first_batch(amqp_url, q, journal)
     assert len(original) == 10 and len(_journal_files(journal)) == 2  # data + manifest
+    assert wait_for(lambda: sum(counts(amqp_url, q, embedded_or_none)) == 20)  # the batch's ten are acked already
     _crash(first)  # the sink wrote the batch; Spark had not yet logged the commit
 
-    second = _driver(amqp_url, q, journal, maxMessagesPerTrigger=10, prefetch=30)
+    # Copies of the journalled batch may come back if its acks were lost: its entry waits for them
+    # for journalRetention seconds (here the acks went through, so none come).
+    second = _driver(amqp_url, q, journal, maxMessagesPerTrigger=10, prefetch=30, journalRetention=2)
     try:
         assert _replay(second, start, end) == original  # every column, including the original tags
         rest = second.drain(30)[10:]
         assert sorted(_ids(original + rest)) == sorted(f"id-{i}" for i in range(30))
-        assert second.runtime.metrics.redeliveries_dropped == 10
+        assert second.runtime.intake.copies_dropped == 0  # acked when journalled: none came back
         second.idle_until(lambda: counts(amqp_url, q, embedded_or_none) == (0, 0) and not _journal_files(journal))
     finally:
         second.close()
 
 
-def test_batch_planned_but_never_logged_is_read_again(amqp_url: str, names, embedded_or_none, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_batch_journalled_but_never_logged_is_the_next_batch(amqp_url: str, names, embedded_or_none, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     q, journal = names.queue(), tmp_path / "journal"
     first, _, end, committed = _first_batch(amqp_url, q, journal)
-    assert first.plan() is not None  # batch 2 journalled; the crash comes before Spark logs its offset
+    _, lost_end = first.plan()  # batch 2 journalled and acknowledged; the crash comes before Spark logs its offset
+    lost = first.run_batch(end, lost_end)  # (what it holds)
     _crash(first)
 
-    # Batch 1's ack was sent, maybe not proven: its entry stays until the retention bound.
     second = _driver(amqp_url, q, journal, maxMessagesPerTrigger=10, prefetch=30, journalRetention=2)
     try:
         second.start = end  # Spark resumes after the last logged (and committed) batch
-        rest = second.drain(20)
-        assert sorted(_ids(committed + rest)) == sorted(f"id-{i}" for i in range(30))
+        assert second.plan() == (end, lost_end)  # the same batch: its messages are only in the journal now
+        assert second.run_batch(end, lost_end) == lost
+        rest = second.drain(30)[10:]
+        assert sorted(_ids(committed + lost + rest)) == sorted(f"id-{i}" for i in range(30))
+        second.idle_until(lambda: counts(amqp_url, q, embedded_or_none) == (0, 0) and not _journal_files(journal))
+    finally:
+        second.close()
+
+
+def test_a_crash_between_the_journal_and_its_acks_drops_the_copies(amqp_url: str, names, embedded_or_none, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    q, journal = names.queue(), tmp_path / "journal"
+    publish(amqp_url, q, [b"m%d" % i for i in range(30)], message_id=lambda i: f"id-{i}")
+    first = _driver(amqp_url, q, journal, maxMessagesPerTrigger=10, prefetch=30)
+    _lose_acks(first)
+    start, end = first.plan()
+    batch = first.run_batch(start, end)
+    _crash(first)
+    assert counts(amqp_url, q, embedded_or_none) == (30, 0)  # every message came back, the batch's too
+
+    second = _driver(amqp_url, q, journal, maxMessagesPerTrigger=10, prefetch=30)
+    try:
+        assert _replay(second, start, end) == batch
+        rest = second.drain(30)[10:]
+        assert sorted(_ids(batch + rest)) == sorted(f"id-{i}" for i in range(30))
+        assert second.runtime.intake.copies_dropped == 10
         second.idle_until(lambda: counts(amqp_url, q, embedded_or_none) == (0, 0) and not _journal_files(journal))
     finally:
         second.close()
@@ -118,6 +150,7 @@ def test_message_ids_dedupe_even_if_content_differs(embedded, tmp_path: Path) ->
     journal = tmp_path / "journal"
     publish(embedded.url, "q", [b"a", b"b"], message_id=lambda i: f"id-{i}")
     first = _driver(embedded.url, "q", journal)
+    _lose_acks(first)
     start, end = first.plan()
     first.run_batch(start, end)
     _crash(first)
@@ -125,36 +158,41 @@ def test_message_ids_dedupe_even_if_content_differs(embedded, tmp_path: Path) ->
     try:
         _replay(second, start, end)
         second.idle_until(lambda: counts(embedded.url, "q", embedded) == (0, 0))
-        assert second.runtime.metrics.redeliveries_dropped == 2 and second.plan(wait=0.3) is None
+        assert second.runtime.intake.copies_dropped == 2 and second.plan(wait=0.3) is None
     finally:
         second.close()
 
 
-def test_a_new_checkpoint_discards_the_old_journal(embedded, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_new_checkpoint_reads_the_uncommitted_batch_of_the_old_journal(embedded, tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
     journal = tmp_path / "journal"
-    publish(embedded.url, "q", [b"m%d" % i for i in range(5)], message_id=lambda i: f"id-{i}")
-    first = _driver(embedded.url, "q", journal)
+    publish(embedded.url, "q", [b"m%d" % i for i in range(10)], message_id=lambda i: f"id-{i}")
+    first = _driver(embedded.url, "q", journal, maxMessagesPerTrigger=5, prefetch=10)
     start, end = first.plan()
-    first.run_batch(start, end)
+    done = first.run_batch(start, end)
+    first.plan()  # batch 2 journalled and acknowledged, never committed
+    wait_for(lambda: first.runtime.commit(end) or len(_journal_files(journal)) == 2)  # batch 1 committed: its entry goes
     _crash(first)
-    fresh = _driver(embedded.url, "q", journal)  # starts from the initial offset: a new checkpoint
+    fresh = _driver(embedded.url, "q", journal, maxMessagesPerTrigger=5, prefetch=10, journalRetention=2)  # a new checkpoint
     try:
-        assert sorted(_ids(fresh.drain(5))) == [f"id-{i}" for i in range(5)]
+        with caplog.at_level(logging.WARNING, logger="spark_amqp.source"):
+            rows = fresh.drain(5)
+        # Batch 2's messages are only in the journal: read again; batch 1's are not.
+        assert sorted(_ids(done + rows)) == [f"id-{i}" for i in range(10)]
+        assert "no checkpoint is known to have committed" in caplog.text
         fresh.idle_until(lambda: counts(embedded.url, "q", embedded) == (0, 0) and not _journal_files(journal))
+        assert fresh.plan(wait=0.3) is None
     finally:
         fresh.close()
 
 
-def test_acks_maybe_sent_content_copies_come_out_again_never_lost(embedded, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """A committed batch whose ack may have reached the broker: identical content cannot be told apart, so emit."""
+def test_acks_maybe_lost_content_copies_come_out_again_never_lost(embedded, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Identical content cannot be told apart once acks may have been sent: such copies are emitted again."""
     journal = tmp_path / "journal"
     publish(embedded.url, "q", [b"x", b"y"])
     first = _driver(embedded.url, "q", journal, dedupeBy="content")
+    _lose_acks(first)
     start, end = first.plan()
     first.run_batch(start, end)
-    store = BatchJournal(str(journal), str(journal))
-    (entry,) = store.load()
-    store.mark_acking([entry])  # as if the ack had been on its way when the process died
     _crash(first)
     second = _driver(embedded.url, "q", journal, dedupeBy="content")
     try:
@@ -251,11 +289,17 @@ def test_journal_round_trip_and_numbering_across_runs(tmp_path: Path) -> None:
     b = one.write("s1", "s2", _parts(b"c"), {"q": [("id", "2")]})
     two = BatchJournal(f"file://{tmp_path}", "j")
     loaded = two.load()
-    assert [(e.number, e.start, e.end, e.rows, e.acking) for e in loaded] == [(1, "s0", "s1", 2, False), (2, "s1", "s2", 1, False)]
+    assert [(e.number, e.start, e.end, e.rows, e.acking, e.committed) for e in loaded] == [
+        (1, "s0", "s1", 2, True, False),
+        (2, "s1", "s2", 1, True, False),
+    ]
     assert two.parts(loaded[0]) == _parts(b"a", b"bb") and loaded[0].fingerprints == a.fingerprints
     assert two.write("s2", "s3", _parts(b"d"), {}).number == 3  # numbers keep growing: manifests sort in planning order
-    two.mark_acking([loaded[1]])
-    assert [e.acking for e in BatchJournal(str(tmp_path), "j").load()] == [False, True, False]
+    two.mark_committed(loaded[1])
+    assert [e.committed for e in BatchJournal(str(tmp_path), "j").load()] == [False, True, False]
+    two.restart_from(loaded[0], "s9")  # a batch planned again from another start keeps everything else
+    first = BatchJournal(str(tmp_path), "j").load()[0]
+    assert (first.start, first.end, first.rows) == ("s9", "s1", 2)
     two.delete(b)
     assert sorted(os.listdir(tmp_path)) == [
         "batch-000000000001.arrows",
@@ -263,6 +307,18 @@ def test_journal_round_trip_and_numbering_across_runs(tmp_path: Path) -> None:
         "batch-000000000003.arrows",
         "batch-000000000003.json",
     ]
+
+
+def test_a_version_1_journal_is_read(tmp_path: Path) -> None:
+    manifest = {"v": 1, "start": "s0", "end": "s1", "parts": [2], "fingerprints": {"q": [["id", "1"]]}, "written": 0}
+    (tmp_path / "batch-000000000004.json").write_text(json.dumps(manifest))
+    (tmp_path / "batch-000000000004.arrows").write_bytes(b"ab")
+    (tmp_path / "batch-000000000005.json").write_text(json.dumps({**manifest, "start": "s1", "end": "s2"}))
+    (tmp_path / "batch-000000000005.arrows").write_bytes(b"cd")
+    (tmp_path / "batch-000000000005.acking").write_bytes(b"")
+    journal = BatchJournal(str(tmp_path), "j")
+    assert [(e.number, e.acking) for e in journal.load()] == [(4, False), (5, True)]
+    assert journal.write("s2", "s3", [b"e"], {}).number == 6
 
 
 def test_an_interrupted_write_is_not_a_batch(tmp_path: Path) -> None:
@@ -303,18 +359,25 @@ def test_options_for_exactly_once() -> None:
 
 
 def test_classify_against_sparks_offsets() -> None:
+    from dataclasses import replace
+
     from spark_amqp.source.journal import JournalEntry, classify
 
     def offset(tag: int) -> str:
         return json.dumps({"queues": {"q": {"session": "s" if tag else "", "tag": tag}}, "v": 1}, sort_keys=True, separators=(",", ":"))
 
-    a, b, c = (JournalEntry(n, offset(n - 1), offset(n), (1,), {"q": (("id", str(n)),)}) for n in (1, 2, 3))
-    resumed = classify([a, b, c], frontier=offset(2), replay=None, initial=offset(0), display="j")
-    assert (resumed.committed, resumed.replayed, resumed.discard) == ([a, b], None, [c])  # c was never logged
+    a, b, c, d = (JournalEntry(n, offset(n - 1), offset(n), (1,), {"q": (("id", str(n)),)}, True) for n in (1, 2, 3, 4))
+    resumed = classify([a, b, c, d], frontier=offset(2), replay=None, initial=offset(0), display="j")
+    assert (resumed.committed, resumed.replayed, resumed.pending, resumed.discard) == ([a, b], None, [c, d], [])
     replaying = classify([a, b, c], frontier=offset(1), replay=offset(2), initial=offset(0), display="j")
-    assert (replaying.committed, replaying.replayed, replaying.discard) == ([a], b, [c])
-    fresh = classify([a, b], frontier=offset(0), replay=None, initial=offset(0), display="j")
-    assert fresh.stale and fresh.discard == [a, b] and not fresh.committed
+    assert (replaying.committed, replaying.replayed, replaying.pending) == ([a], b, [c])
+    # Spark starts from scratch (a new checkpoint): what is not known to be committed is read again.
+    fresh = classify([replace(a, committed=True), b, c], frontier=offset(0), replay=None, initial=offset(0), display="j")
+    assert fresh.stale and fresh.pending == [b, c] and fresh.discard == [replace(a, committed=True)] and not fresh.committed
+    # A version 1 journal planned again from a lost batch's start: the later plan is the one Spark got.
+    again = JournalEntry(5, offset(2), offset(9), (1,), {"q": (("id", "9"),)})
+    redone = classify([a, b, c, again], frontier=offset(2), replay=None, initial=offset(0), display="j")
+    assert (redone.pending, redone.discard) == ([again], [c])
     with pytest.raises(AmqpSourceError, match="give every query its own journal"):
         classify([a], frontier=offset(1), replay=None, initial=offset(0).replace('"q"', '"other"'), display="j")
 
@@ -354,9 +417,9 @@ def test_journal_on_a_pyarrow_filesystem(tmp_path: Path) -> None:
     journal = BatchJournal(str(tmp_path / "unused"), "j")
     journal.store = _ArrowStore(pafs.LocalFileSystem(), str(tmp_path / "remote"))
     entry = journal.write("s0", "s1", _parts(b"a", b"b"), {"q": [("id", "1"), ("id", "2")]})
-    journal.mark_acking([entry])
+    journal.mark_committed(entry)
     (loaded,) = journal.load()
-    assert loaded.acking and journal.parts(loaded) == _parts(b"a", b"b")
+    assert loaded.acking and loaded.committed and journal.parts(loaded) == _parts(b"a", b"b")
     journal.delete(loaded)
     assert journal.load() == [] and os.listdir(tmp_path / "remote") == []
 

@@ -6,7 +6,7 @@ import collections
 
 import pika
 
-from spark_amqp.source.ledger import UNPLANNED, Entry, RedeliveryFilter, SessionLedger, fingerprint
+from spark_amqp.source.ledger import UNPLANNED, Acks, Entry, RedeliveryFilter, SessionLedger, fingerprint
 from spark_amqp.source.session import Delivery
 
 
@@ -24,13 +24,50 @@ def test_frontier_stops_at_the_first_uncommitted_or_unplanned_delivery() -> None
     ledger = SessionLedger()
     for tag, owner in [(1, 1), (2, 1), (3, 2), (4, UNPLANNED), (5, 1)]:
         ledger.add(_entry(tag, owner))
-    assert ledger.advance(committed=0) is None
-    assert ledger.advance(committed=1) == 2
-    assert ledger.advance(committed=2) == 3
-    assert ledger.advance(committed=5) is None  # tag 4 is not planned: nothing beyond it is acked
+    assert ledger.next_acks(0) is None
+    assert ledger.next_acks(1) == Acks(2, [], 1)
+    assert ledger.next_acks(2) == Acks(3, [], 2)
+    assert ledger.next_acks(5) is None  # tag 4 is not planned: nothing beyond it is acked
     assert [e.tag for e in ledger.owned()] == [1, 2, 3, 5]
-    ledger.confirmed(2)
+    ledger.confirmed(1)
     assert [e.tag for e in ledger.acked] == [3]
+
+
+def test_with_a_journal_owned_entries_behind_an_unplanned_one_are_acked_on_their_own() -> None:
+    # The journal holds every owned entry, so each may be acked at once; the frontier's
+    # multi-ack never names a tag acked on its own (RabbitMQ: 406 unknown delivery tag).
+    ledger = SessionLedger()
+    entries = {tag: _entry(tag, UNPLANNED) for tag in range(1, 7)}
+    for entry in entries.values():
+        ledger.add(entry)
+    ledger.claim(entries[1], 1)
+    ledger.claim(entries[3], 2)  # a copy of a journalled batch's message, behind unplanned 2
+    ledger.claim(entries[4], 2)
+    held = 10**9
+    assert ledger.next_acks(held, singles=True) == Acks(1, [3, 4], 1)
+    assert ledger.next_acks(held, singles=True) is None  # nothing new
+    ledger.claim(entries[2], 3)
+    assert ledger.next_acks(held, singles=True) == Acks(2, [], 2)  # not 4: it was acked on its own
+    assert [e.tag for e in ledger.acked] == [1, 3, 4, 2]
+    ledger.confirmed(1)
+    assert [e.tag for e in ledger.acked] == [2]
+    ledger.claim(entries[6], 4)
+    assert ledger.next_acks(held, singles=True) == Acks(None, [6], 3)
+    ledger.claim(entries[5], 4)
+    assert ledger.next_acks(held, singles=True) == Acks(5, [], 4)  # 5, not 6
+    ledger.confirmed(4)
+    assert ledger.settled(4) and not list(ledger.owned())
+
+
+def test_without_a_journal_nothing_is_acked_on_its_own() -> None:
+    ledger = SessionLedger()
+    first, copy = _entry(1, UNPLANNED), _entry(2, UNPLANNED)
+    ledger.add(first)
+    ledger.add(copy)
+    ledger.claim(copy, 1)
+    assert ledger.next_acks(1) is None  # the multi-ack waits for the unplanned delivery before it
+    ledger.claim(first, 2)
+    assert ledger.next_acks(1) is None and ledger.next_acks(2) == Acks(2, [], 1)
 
 
 def test_fingerprint_prefers_message_id_and_ignores_quorum_return_counts() -> None:
@@ -102,8 +139,8 @@ def test_deliveries_after_a_session_loss_in_the_same_pump_are_kept() -> None:
             self.inbox: collections.deque = collections.deque()  # type: ignore[type-arg]
             self.acks: list[tuple[str, int]] = []
 
-        def ack(self, session: str, tag: int) -> None:
-            self.acks.append((session, tag))
+        def ack(self, session: str, multiple: int | None, singles: list[int], ack_round: int) -> None:
+            self.acks.append((session, multiple))
 
         def check(self) -> None:
             pass
@@ -129,12 +166,13 @@ def test_available_now_waits_for_data_instead_of_ending_the_run() -> None:
     import threading
 
     from spark_amqp.options import parse_source_options
+    from spark_amqp.source.available_now import AvailableNow
     from spark_amqp.source.runtime import SourceRuntime
 
     class FakeSession:
         inbox: collections.deque = collections.deque()  # type: ignore[type-arg]
 
-        def ack(self, session: str, tag: int) -> None:
+        def ack(self, session: str, multiple: int | None, singles: list[int], ack_round: int) -> None:
             pass
 
         def check(self) -> None:
@@ -143,7 +181,7 @@ def test_available_now_waits_for_data_instead_of_ending_the_run() -> None:
     runtime = SourceRuntime(parse_source_options({"uri": "amqp://h/", "queue": "q"}))
     fake = FakeSession()
     runtime.session = fake  # type: ignore[assignment]
-    runtime.available_now = {"q": 2}
+    runtime.available_now = AvailableNow({"q": 2}, runtime.options.connection, "test")
     threading.Timer(0.3, lambda: fake.inbox.extend([_d(1), _d(2)])).start()
     end = runtime.latest_offset(None, None)
     assert end["queues"]["q"]["tag"] == 2
@@ -163,7 +201,7 @@ def test_a_shared_id_is_credited_to_the_newest_batch_so_it_is_not_acked_before_t
     copy = Entry(1, _d(1, message_id="dup", redelivered=True, session="s.2"))
     copy.owner = owner
     ledger.add(copy)
-    assert ledger.advance(committed=3) is None
-    assert ledger.advance(committed=5) == 1
+    assert ledger.next_acks(3) is None
+    assert ledger.next_acks(5) == Acks(1, [], 1)
     # The second copy (if batch 3's ack was lost after all) goes to batch 3.
     assert filt.match(_d(10, message_id="dup", redelivered=True, session="s.2")) == 3

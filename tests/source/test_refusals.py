@@ -154,7 +154,7 @@ def test_connection_forced_and_internal_error_are_retried(embedded: EmbeddedBrok
         assert sorted(r["message_id"] for r in rows) == sorted(f"id-{i}" for i in range(10))
         # Reconnected: a new consumer, and every message acked on it.
         d.idle_until(
-            lambda: d.runtime.metrics.sessions_lost >= 1 and embedded.queue_stats("q") == {"ready": 0, "unacked": 0, "consumers": 1}
+            lambda: d.runtime.intake.sessions_lost >= 1 and embedded.queue_stats("q") == {"ready": 0, "unacked": 0, "consumers": 1}
         )
     finally:
         d.close()

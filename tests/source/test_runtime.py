@@ -13,6 +13,7 @@ import pytest
 from spark_amqp.broker import EmbeddedBroker
 from spark_amqp.errors import AmqpSourceError
 from spark_amqp.offsets import AmqpSourceOffset
+from spark_amqp.source.available_now import AvailableNow
 
 from ..broker.helpers import consume_n, wait_for
 from ..brokers import counts, publish
@@ -168,7 +169,7 @@ def test_connection_drop_with_a_planned_batch_loses_and_duplicates_nothing(embed
         assert len(rows) == 40 and _unique(rows)
         d.idle_until(lambda: embedded.queue_stats("q") == {"ready": 0, "unacked": 0, "consumers": 1})
         # At least the planned batch came back from the broker and was recognised.
-        assert d.runtime.metrics.redeliveries_dropped >= 10
+        assert d.runtime.intake.copies_dropped >= 10
         assert len(d.rows) == 40
     finally:
         d.close()
@@ -218,7 +219,7 @@ def test_a_consumer_timeout_cancel_with_slow_batches_loses_and_duplicates_nothin
         assert "was deleted" not in caplog.text
         assert len(rows) == 30 and _unique(rows)
         d.idle_until(lambda: counts(amqp_url, q, embedded_or_none) == (0, 0), timeout=30)
-        assert d.runtime.metrics.sessions_lost >= 1 and len(d.rows) == 30
+        assert d.runtime.intake.sessions_lost >= 1 and len(d.rows) == 30
     finally:
         d.close()
 
@@ -258,7 +259,7 @@ def test_channel_closed_by_broker_reopens_under_a_new_session(embedded: Embedded
         rows = d.drain(20, max_rows=5)
         assert len(rows) == 20 and _unique(rows)
         d.idle_until(lambda: embedded.queue_stats("q") == {"ready": 0, "unacked": 0, "consumers": 1})
-        assert d.runtime.metrics.sessions_lost == 1
+        assert d.runtime.intake.sessions_lost == 1
     finally:
         d.close()
 
@@ -282,7 +283,7 @@ def test_available_now_with_a_small_target_keeps_the_rest_unplanned_once(embedde
     try:
         d.runtime.ensure_started()
         d.idle_until(lambda: len(d.runtime.buffer) == 12)
-        d.runtime.available_now = {"q": 7}
+        d.runtime.available_now = AvailableNow({"q": 7}, d.runtime.options.connection, "test")
         while (planned := d.plan(max_rows=5, wait=0.3)) is not None:
             d.run_batch(*planned)
         assert [r["message_id"] for r in d.rows] == [f"id-{i}" for i in range(7)]
@@ -298,7 +299,7 @@ def test_heartbeats_keep_an_idle_consumer_connected(embedded: EmbeddedBroker) ->
         d.runtime.ensure_started()
         deadline = time.monotonic() + 3.5
         d.idle_until(lambda: time.monotonic() > deadline, timeout=10)
-        assert d.runtime.metrics.sessions_lost == 0
+        assert d.runtime.intake.sessions_lost == 0
         publish(embedded.url, "q", [b"late"], declare=False)
         assert [r["body"] for r in d.drain(1)] == [b"late"]
     finally:
