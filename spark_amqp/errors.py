@@ -12,6 +12,7 @@ embedded broker raises the same classes to close them.
 
 from __future__ import annotations
 
+import re
 import ssl
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -212,6 +213,17 @@ class InternalError(AmqpReplyError):
     code, reply, soft = 541, "INTERNAL_ERROR", False
     retryable = True
 
+    @property
+    def deprecated_feature(self) -> str | None:
+        """The deprecated feature the broker denies, when that is what this 541 says (RabbitMQ 4.x, e.g.
+        ``transient_nonexcl_queues``): the one case where only the reply text tells a permanent 541 apart."""
+        match = re.search(r"Feature `([A-Za-z0-9_]+)` is deprecated", self.text)
+        return match.group(1) if match else None
+
+    @property
+    def transient(self) -> bool:
+        return self.deprecated_feature is None
+
 
 REPLY_CODES: MappingProxyType[int, type[AmqpReplyError]] = MappingProxyType(
     {
@@ -277,6 +289,13 @@ def is_transient(err: BaseException) -> bool:
     return isinstance(err, OSError)
 
 
+# What to do instead of a deprecated feature RabbitMQ 4.x can deny (deprecated_features.permit.<name> = false).
+DEPRECATED_FIXES = {
+    "transient_nonexcl_queues": "declare the queue durable (queueDurable=true, the default) or let an application declare it",
+    "global_qos": "use per-consumer prefetch (the connector always does)",
+}
+
+
 def explain(err: BaseException, where: str, user: str, vhost: str, subject: str = "") -> str:
     """What went wrong and how to fix it, for the person running the job.
 
@@ -300,6 +319,11 @@ def explain(err: BaseException, where: str, user: str, vhost: str, subject: str 
         return f"{about}: the queue exists with other properties than those asked for ({err}); make queueDurable/queueArguments match the queue, or leave declareQueue off"
     if isinstance(err, ResourceLocked):
         return f"{about}: locked by another connection ({err}): an exclusive queue, or a queue with an exclusive consumer"
+    if isinstance(err, InternalError) and err.deprecated_feature:
+        return (
+            f"{about}: the broker denies the deprecated feature '{err.deprecated_feature}' ({err.code} {err.reply}); "
+            f"{DEPRECATED_FIXES.get(err.deprecated_feature, 'stop using it, or ask the operator to permit it')}"
+        )
     if isinstance(err, AmqpReplyError):
         return f"{about}: the broker refused it ({err})"
     if isinstance(err, AmqpProtocolError):

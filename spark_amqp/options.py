@@ -127,7 +127,7 @@ class SinkOptions:
     persistent: bool
     confirm_timeout: float
     max_in_flight: int
-    max_message_size: int
+    max_message_size: int | None  # None: the broker's default max_message_size, by its version
     declare_exchange: str | None  # exchange type to declare, or None
     exchange_durable: bool
     declare_queue: str | None
@@ -325,7 +325,9 @@ def parse_trigger(r: OptionReader, max_messages: int | None) -> TriggerOptions:
     return TriggerOptions(max_messages, minimum, r.duration("maxTriggerDelay", DEFAULT_MAX_TRIGGER_DELAY, 0.001, MAX_TRIGGER_DELAY))
 
 
-DEFAULT_MAX_MESSAGE_SIZE = 134_217_728  # RabbitMQ's default max_message_size (128 MiB)
+# RabbitMQ's default max_message_size: 128 MiB up to 3.x, 16 MiB from 4.0 (a larger body closes the channel, 406).
+MAX_MESSAGE_SIZE_3X = 134_217_728
+MAX_MESSAGE_SIZE_4X = 16_777_216
 EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
 
 
@@ -354,8 +356,8 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         raise AmqpOptionError("options 'queueArguments' and 'bindingKey' only apply with declareQueue=<queue name>")
     confirm_timeout = r.number("confirmTimeout", 30.0, 0.001, MAX_SECONDS_WAIT)
     max_in_flight = r.integer("maxInFlight", 1000, 1, 1_000_000)
-    max_message_size = r.integer("maxMessageSize", DEFAULT_MAX_MESSAGE_SIZE, 1)
-    assert max_in_flight is not None and max_message_size is not None
+    max_message_size = r.integer("maxMessageSize", None, 1, MAX_MESSAGE_SIZE_3X * 4)
+    assert max_in_flight is not None
     return SinkOptions(
         connection=connection,
         exchange=exchange,

@@ -36,6 +36,7 @@ class BrokerServer:
         heartbeat: int = 60,
         consumer_timeout_ms: int | None = DEFAULT_CONSUMER_TIMEOUT_MS,
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        denied_features: frozenset[str] = frozenset(),
     ) -> None:
         self.loop = loop
         self.user = user
@@ -43,7 +44,7 @@ class BrokerServer:
         self.heartbeat = heartbeat
         self.consumer_timeout_ms = consumer_timeout_ms
         self.max_message_size = max_message_size
-        self.vhost = VirtualHost()
+        self.vhost = VirtualHost(denied=denied_features)
         self.faults = Faults()
         self.connections: set[BrokerConnection] = set()
         self.ended: list[tuple[str, str]] = []  # (client connection_name, how it ended)
@@ -110,12 +111,20 @@ class EmbeddedBroker:
         heartbeat: int = 60,
         consumer_timeout_ms: int | None = DEFAULT_CONSUMER_TIMEOUT_MS,
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        denied_features: tuple[str, ...] = (),
     ) -> None:
+        """``denied_features``: deprecated features refused as an operator of RabbitMQ 4.x can deny them
+        (``transient_nonexcl_queues``); ``global_qos`` is always denied, as on 4.3."""
         self.host = host
         self.port = port
         self._user = user
         self._password = password
-        self._settings = dict(heartbeat=heartbeat, consumer_timeout_ms=consumer_timeout_ms, max_message_size=max_message_size)
+        self._settings = dict(
+            heartbeat=heartbeat,
+            consumer_timeout_ms=consumer_timeout_ms,
+            max_message_size=max_message_size,
+            denied_features=frozenset(denied_features),
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: BrokerServer | None = None

@@ -27,9 +27,19 @@ SYSTEM_EXCHANGES = {
 }
 
 
+# RabbitMQ 4.3's refusal when deprecated_features.permit.transient_nonexcl_queues = false (cut at 255 bytes).
+DENIED_TRANSIENT = (
+    "INTERNAL_ERROR - Feature `transient_nonexcl_queues` is deprecated.\n"
+    "Its use is not permitted per the configuration (overriding the default, which is permitted):\n"
+    '    "deprecated_features.permit.transient_nonexcl_queues = false"\n'
+    "Its use will not be permit..."
+)
+
+
 class VirtualHost:
-    def __init__(self, name: str = "/") -> None:
+    def __init__(self, name: str = "/", denied: frozenset[str] = frozenset()) -> None:
         self.name = name
+        self.denied = denied  # deprecated features the operator denies, as RabbitMQ 4.x names them
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, Queue] = {}
         for xname, kind in SYSTEM_EXCHANGES.items():
@@ -113,6 +123,8 @@ class VirtualHost:
             if mismatch is not None:
                 raise errors.PreconditionFailed(mismatch)
             return existing
+        if not durable and not exclusive and not stream and "transient_nonexcl_queues" in self.denied:
+            raise errors.reply_error(541, DENIED_TRANSIENT, 50, 10, on_connection=True)
         if stream:
             # A StreamQueue answers every call the vhost, exchanges and channels make on a Queue.
             queue = cast(Queue, StreamQueue(name, durable, exclusive, auto_delete, arguments))

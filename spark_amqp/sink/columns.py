@@ -24,7 +24,7 @@ import pyarrow as pa
 from pamqp import commands, encode, header
 
 from ..errors import AmqpOptionError
-from ..options import SinkOptions
+from ..options import MAX_MESSAGE_SIZE_3X, MAX_MESSAGE_SIZE_4X, SinkOptions
 from ..property_columns import INT_PROPERTIES as INT_PROPERTY_COLUMNS
 from ..property_columns import STRING_PROPERTIES as STRING_PROPERTY_COLUMNS
 
@@ -92,12 +92,20 @@ class MessageBuilder:
 
     def __init__(self, options: SinkOptions) -> None:
         self.options = options
+        self.max_message_size = options.max_message_size or MAX_MESSAGE_SIZE_3X
+        self._limit_said = f"maxMessageSize {self.max_message_size}"
         self.default_exchange = _shortstr(options.exchange)
         self.default_key = options.routing_key
         self.position = 0  # rows of this partition in earlier batches (all published)
         self._shortstr_cache: dict[str, bytes] = {}
         constant = commands.Basic.Properties(delivery_mode=2 if options.persistent else None)
         self._constant_props = header.ContentHeader(0, 0, constant).marshal()[12:]
+
+    def met(self, version: tuple[int, int] | None) -> None:
+        """The broker answered: without option maxMessageSize, bodies are held to its line's default."""
+        if self.options.max_message_size is None and version is not None and version >= (4, 0):
+            self.max_message_size = MAX_MESSAGE_SIZE_4X
+            self._limit_said = f"RabbitMQ {version[0]}.{version[1]}'s default max_message_size, {MAX_MESSAGE_SIZE_4X}; set maxMessageSize if the broker's is higher"
 
     def messages(self, batch: pa.RecordBatch) -> Iterator[Outgoing]:
         columns = {name.lower(): batch.column(i) for i, name in enumerate(batch.schema.names)}
@@ -109,10 +117,10 @@ class MessageBuilder:
         bodies = body_col.to_pylist()
         if pa.types.is_string(body_col.type) or pa.types.is_large_string(body_col.type):
             bodies = [b.encode("utf-8") for b in bodies]
-        limit = self.options.max_message_size
+        limit = self.max_message_size
         for i, body in enumerate(bodies):
             if len(body) > limit:
-                raise self._bad("body", i, body, f"{len(body)} bytes is larger than the broker accepts (maxMessageSize {limit})")
+                raise self._bad("body", i, body, f"{len(body)} bytes is larger than the broker accepts ({self._limit_said})")
         keys = self._names(columns.get("routing_key"), n, self.default_key or "", "routing_key")
         exchanges = self._names(columns.get("exchange"), n, None, "exchange")
         props = self._property_rows(columns, n)

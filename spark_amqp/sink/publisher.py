@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,9 +116,14 @@ class PartitionPublisher:
     def __init__(self, options: SinkOptions) -> None:
         self.options = options
 
-    async def publish(self, batches: Iterable[Iterable[Outgoing]], description: str) -> PublishResult:
+    async def publish(
+        self, batches: Iterable[Iterable[Outgoing]], description: str, on_connect: Callable[[AmqpClient], None] | None = None
+    ) -> PublishResult:
+        """Publish every message; ``on_connect`` learns of the connection before the first batch is built."""
         opts = self.options
         client = await _connect(opts, description)
+        if on_connect is not None:
+            on_connect(client)
         window = ConfirmWindow(opts.max_in_flight)
         failed: asyncio.Future[BaseException] | None = None
         try:

@@ -44,7 +44,9 @@ class AmqpCommitMessage(WriterCommitMessage):
 def _publish_partition(options: SinkOptions, batches: Iterator[pa.RecordBatch]) -> AmqpCommitMessage:
     builder = MessageBuilder(options)
     partition = uuid.uuid4().hex[:8]
-    result = asyncio.run(PartitionPublisher(options).publish((builder.messages(b) for b in batches), partition))
+    result = asyncio.run(
+        PartitionPublisher(options).publish((builder.messages(b) for b in batches), partition, lambda c: builder.met(c.server_version))
+    )
     return AmqpCommitMessage(partition, result.published, result.confirmed)
 
 

@@ -14,14 +14,14 @@ from spark_amqp.options import parse_sink_options
 from spark_amqp.sink.columns import MessageBuilder
 from spark_amqp.sink.publisher import PartitionPublisher
 
-from ..broker.helpers import connect, drain
+from ..broker.helpers import connect, drain, ready_count
 
 
 def _publish(url: str, table: dict, **options: str):  # type: ignore[no-untyped-def,type-arg]
     opts = parse_sink_options({"uri": url, **options})
     batch = pa.RecordBatch.from_pydict(table)
     builder = MessageBuilder(opts)
-    return asyncio.run(PartitionPublisher(opts).publish([builder.messages(batch)], "test"))
+    return asyncio.run(PartitionPublisher(opts).publish([builder.messages(batch)], "test", lambda c: builder.met(c.server_version)))
 
 
 def _declare(url: str, queue: str, **kwargs) -> None:  # type: ignore[no-untyped-def]
@@ -149,6 +149,24 @@ def test_bad_values_fail_before_publishing_the_batch(embedded: EmbeddedBroker, t
         _publish(embedded.url, table, routingKey="q", maxMessageSize="10")
     assert fragment in str(info.value)
     assert embedded.queue_stats("q")["ready"] == 0
+
+
+def test_a_body_over_the_brokers_default_max_message_size_fails_before_it_is_published(amqp_url: str, names, broker_version) -> None:  # type: ignore[no-untyped-def]
+    # RabbitMQ 4.0 lowered its default max_message_size from 128 MiB to 16 MiB (a larger body
+    # closes the channel with 406). Without option maxMessageSize, the sink holds bodies to the
+    # default of the broker's line, checked before the batch's first message goes out.
+    q = names.queue()
+    _declare(amqp_url, q)
+    table = {"body": [b"small", b"x" * (16 * 1024 * 1024 + 1)]}
+    if broker_version >= (4, 0):
+        with pytest.raises(AmqpOptionError) as info:
+            _publish(amqp_url, table, routingKey=q)
+        assert "row 1 of this partition" in str(info.value) and "default max_message_size, 16777216" in str(info.value)
+        assert ready_count(amqp_url, q) == 0
+    else:
+        assert _publish(amqp_url, table, routingKey=q).confirmed == 2
+    with pytest.raises(AmqpOptionError, match=r"maxMessageSize 6\)"):  # the option, when given, is the limit everywhere
+        _publish(amqp_url, {"body": [b"x" * 7]}, routingKey=q, maxMessageSize="6")
 
 
 def test_a_bad_value_in_a_later_batch_names_its_row_in_the_partition(embedded: EmbeddedBroker) -> None:

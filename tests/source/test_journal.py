@@ -250,7 +250,7 @@ def test_a_second_exactly_once_query_fails_fast_and_the_first_goes_on(
         first.run_batch(*first.plan())
         for attempt in ("while the first runs", "after the first reconnected"):
             if attempt.startswith("after"):
-                assert drop_source_connections(amqp_url, embedded_or_none) == 1
+                assert drop_source_connections(amqp_url, embedded_or_none, f"spark-amqp source {first.runtime.run_id}") == 1
 
                 def consuming_again() -> bool:  # deliveries came on a channel of the new connection
                     first.drain(len(first.rows) + 1, timeout=0.5)

@@ -6,6 +6,7 @@ that runs out would fail the time check, not just the message check.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -158,3 +159,26 @@ def test_connection_forced_and_internal_error_are_retried(embedded: EmbeddedBrok
         )
     finally:
         d.close()
+
+
+@pytest.fixture(params=["embedded", "rabbitmq-4.3-deny"])
+def denying_url(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """A broker whose operator denies the deprecated feature transient_nonexcl_queues (RabbitMQ 4.3 permits it by
+    default): the embedded broker told to, and the RabbitMQ 4.3 node tools/rabbitmq starts so configured."""
+    if request.param == "embedded":
+        with EmbeddedBroker(denied_features=("transient_nonexcl_queues",)) as broker:
+            yield broker.url
+    elif os.environ.get("AMQP_TEST_DENYING_URL"):
+        yield os.environ["AMQP_TEST_DENYING_URL"]
+    else:
+        pytest.skip("AMQP_TEST_DENYING_URL not set: no RabbitMQ that denies transient_nonexcl_queues")
+
+
+def test_a_deprecated_feature_the_broker_denies_fails_fast_and_says_so(denying_url: str) -> None:
+    # RabbitMQ 4.x closes the connection with 541, as for a crash it would be right to retry; the
+    # text is what tells them apart, and a retry would loop forever.
+    q = f"test.transient.{time.monotonic_ns()}"
+    message = _start_fails(denying_url, q, declareQueue="true", queueDurable="false")
+    assert "denies the deprecated feature 'transient_nonexcl_queues'" in message and "queueDurable=true" in message, message
+    durable = _start_fails(denying_url, q, declareQueue="false")  # nothing declared: the queue is missing, not refused
+    assert "not found" in durable

@@ -277,7 +277,7 @@ def test_a_dropped_connection_resumes_after_the_last_offset_read(amqp_url: str, 
     publish(amqp_url, s, 0, 3000)
     batches = read_range(options(amqp_url, s, prefetch="100"), StreamRange(s, 0, 3000), 500)
     got = list(next(batches).column("offset").to_pylist())
-    assert wait_for(lambda: drop_source_connections(amqp_url, embedded_or_none, "spark-amqp stream reader") > 0, timeout=30)
+    assert wait_for(lambda: drop_source_connections(amqp_url, embedded_or_none, f"spark-amqp stream reader {s}") > 0, timeout=30)
     for batch in batches:
         got.extend(batch.column("offset").to_pylist())
     assert got == list(range(3000))

@@ -1,0 +1,92 @@
+"""A quorum queue's delivery-limit under a query that keeps dying: nothing lost, on RabbitMQ 4.x.
+
+RabbitMQ 4.x drops a quorum queue's message returned more than 20 times (its
+default delivery-limit; no dead-letter exchange here). The messages are first
+aged with pika to x-delivery-count 18: two more returns and they are gone. Then
+the crash job (tests/spark/crash_job.py) reads them into Delta and is killed
+with SIGKILL several times, once between the Delta commit and Spark's commit
+log. With a journal every message must reach the table exactly once; without
+one the query must fail, loudly, before the broker drops any.
+
+Runs on every RabbitMQ 4.x in AMQP_TEST_BROKERS and on the embedded broker
+(which models 4.3).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pika
+import pytest
+
+from spark_amqp.broker import EmbeddedBroker
+
+from .. import brokers
+from ..broker.helpers import connect, consume_n, ready_count, wait_for
+from .test_exactly_once import Job, _ids, _kill_between_delta_commit_and_commit_log, _offsets_logged
+
+pytestmark = [pytest.mark.spark, pytest.mark.delta, pytest.mark.timeout(1800)]
+
+MESSAGES = 400
+AGED = 18  # x-delivery-count: the default delivery-limit (20) drops a message at its 21st return
+
+
+@pytest.fixture(scope="module", params=["embedded", *(f"rabbitmq-{b.name}" for b in brokers.by_version() if b.version >= (4, 0))])
+def broker(request: pytest.FixtureRequest) -> Iterator[tuple[str, EmbeddedBroker | None]]:
+    if request.param == "embedded":
+        with EmbeddedBroker(heartbeat=60, consumer_timeout_ms=None) as embedded:
+            yield embedded.url, embedded
+        return
+    yield next(b.url for b in brokers.REAL if f"rabbitmq-{b.name}" == request.param), None
+
+
+def _aged_quorum_queue(url: str, queue: str) -> None:
+    conn = connect(url)
+    ch = conn.channel()
+    ch.queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
+    ch.confirm_delivery()
+    for i in range(MESSAGES):
+        ch.basic_publish("", queue, f"payload {i}".encode(), pika.BasicProperties(message_id=f"m-{i:05d}"))
+    conn.close()
+    for _ in range(AGED):
+        conn = connect(url)
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=MESSAGES)
+        assert len(consume_n(conn, ch, queue, MESSAGES, timeout=30)) == MESSAGES
+        conn.close()  # unacked: a return that counts
+
+
+@pytest.mark.parametrize("journal", [True, False], ids=["journal", "no-journal"])
+def test_a_query_that_keeps_dying_never_lets_the_delivery_limit_drop_a_message(spark, broker, tmp_path: Path, journal: bool) -> None:  # type: ignore[no-untyped-def]
+    url, _ = broker
+    queue = f"test.limit.{random.getrandbits(32):08x}"
+    _aged_quorum_queue(url, queue)
+    try:
+        if not journal:
+            job = Job(url, queue, tmp_path, False)
+            assert job.wait(300) != 0
+            output = job.output()
+            assert f"queue '{queue}'" in output and f"x-delivery-count {AGED}" in output and "journalLocation" in output, output[-3000:]
+            assert ready_count(url, queue) == MESSAGES  # failed before the broker dropped any
+            return
+        rng = random.Random(11)
+        _kill_between_delta_commit_and_commit_log(url, queue, tmp_path, True)
+        for _ in range(3):
+            job = Job(url, queue, tmp_path, True)
+            planned = _offsets_logged(tmp_path)
+            job.wait_started()
+            wait_for(lambda before=planned, job=job: _offsets_logged(tmp_path) > before or job.proc.poll() is not None, timeout=180)  # type: ignore[misc]
+            time.sleep(rng.uniform(0.0, 2.0))  # a random moment while batches run
+            job.kill()
+        final = Job(url, queue, tmp_path, True, "--available-now")
+        assert final.wait(300) == 0, final.output()[-3000:]
+        ids = _ids(spark, tmp_path / "table")
+        assert set(ids) == {f"m-{i:05d}" for i in range(MESSAGES)} and max(ids.values()) == 1
+        assert ready_count(url, queue) == 0
+    finally:
+        conn = connect(url)
+        conn.channel().queue_delete(queue)
+        conn.close()
