@@ -2,6 +2,7 @@
 # only python3 and a JDK; Spark tests also need Java 17+). `test` and `demo` also
 # fetch the Delta Lake jars into .cache/jars with Maven (mvn), see conf/delta/pom.xml;
 # `bench` also fetches RabbitMQ's PerfTest into .cache/perftest (conf/perftest/pom.xml).
+# `rabbitmq` installs and starts the real RabbitMQ nodes the tests also run against (tools/rabbitmq).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -15,11 +16,13 @@ WHEEL := dist/spark_amqp-$(VERSION)-py3-none-any.whl
 SOURCES := pyproject.toml README.md pyspark_amqp.py $(shell find spark_amqp -name '*.py' -o -name py.typed)
 # `make broker` listens here, not on 5672, so it never collides with a local RabbitMQ.
 BROKER_PORT ?= 5673
+# Processes the tests without Spark are spread over (they mostly wait on brokers).
+TEST_WORKERS ?= 4
 
 PERFTEST_DIR := .cache/perftest
 PERFTEST_STAMP := $(PERFTEST_DIR)/.stamp
 
-.PHONY: install jars perftest wheel test test-matrix $(PYSPARK_LINES:%=test-pyspark%) lint demo bench broker clean
+.PHONY: install jars perftest wheel test test-matrix $(PYSPARK_LINES:%=test-pyspark%) lint demo bench broker rabbitmq clean
 
 $(STAMP): pyproject.toml conf/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -81,13 +84,23 @@ $(PERFTEST_STAMP): conf/perftest/pom.xml
 
 perftest: $(PERFTEST_STAMP)
 
-## Run the test suite (embedded broker always; real RabbitMQ too when AMQP_TEST_URL is set).
+## Run the test suite: the embedded broker always; real RabbitMQ too when AMQP_TEST_BROKERS (or
+## AMQP_TEST_URL) is set. The tests without Spark run in TEST_WORKERS processes, then the Spark
+## tests in one (they share one SparkSession).
 test: $(STAMP) $(JARS_STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not spark" -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(PY) -m pytest -m spark $(PYTEST_ARGS)
 
-## The Spark tests on another PySpark line (tests marked `delta` need the pinned one).
+## RabbitMQ 3.10, 4.0 and 4.3 side by side (and a 4.3 that denies a deprecated feature), installed and
+## started; then: export AMQP_TEST_BROKERS="$$(tools/rabbitmq urls)" AMQP_TEST_DENYING_URL="$$(tools/rabbitmq url 4.3-deny)"
+rabbitmq:
+	tools/rabbitmq install
+	tools/rabbitmq start
+
+## The Spark tests on another PySpark line (tests marked `delta` need the pinned one), on the
+## embedded broker: what differs between PySpark lines does not depend on the RabbitMQ line.
 $(PYSPARK_LINES:%=test-pyspark%): test-pyspark%: .venv-pyspark%/.wheel
-	.venv-pyspark$*/bin/python -m pytest tests/spark -m "spark and not delta" $(PYTEST_ARGS)
+	env -u AMQP_TEST_BROKERS -u AMQP_TEST_URL .venv-pyspark$*/bin/python -m pytest tests/spark -m "spark and not delta" $(PYTEST_ARGS)
 
 ## The Spark tests on every other PySpark line; `make test` covers the pinned one.
 test-matrix: $(PYSPARK_LINES:%=test-pyspark%)

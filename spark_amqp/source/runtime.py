@@ -132,6 +132,9 @@ class SourceRuntime:
         origin = AmqpSourceOffset.from_json(start) if start else self.last_end
         if not self.recovered:
             self._recover(origin.key, None)
+        if not self.pending:
+            # Spark has every batch planned so far: what is journalled next (a rescue) follows its start.
+            self.last_end = origin
         session = self.ensure_started()
         if self.given_seq > self.committed_seq:  # every batch given before this call is in the commit log
             self._committed(self.given_seq)

@@ -16,7 +16,7 @@ import pytest
 from spark_amqp.errors import AmqpSourceError
 
 from ..broker.helpers import connect, consume_n, ready_count, wait_for
-from ..brokers import counts, publish
+from ..brokers import counts, drop_source_connections, publish
 from .driver import MicroBatchDriver
 
 
@@ -70,6 +70,27 @@ def test_with_a_journal_counted_redeliveries_are_journalled_and_acked_before_any
         assert sorted(r["message_id"] for r in rows) == sorted(f"id-{i}" for i in range(20))
         assert second.batches == 3
         second.idle_until(lambda: counts(amqp_url, q, embedded_or_none) == (0, 0) and not list(journal.iterdir()), timeout=30)
+    finally:
+        second.close()
+
+
+def test_redeliveries_journalled_after_a_restart_follow_sparks_offsets(amqp_url: str, names, embedded_or_none, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    q, journal = names.queue(), tmp_path / "journal"
+    _quorum(amqp_url, q, 20)
+    first = MicroBatchDriver(amqp_url, q, journalLocation=str(journal), maxMessagesPerTrigger=5, prefetch=20)
+    session = first.runtime.ensure_started()
+    wait_for(lambda: len(session.inbox) >= 20)
+    done = first.run_batch(*first.plan())  # batch 1 journalled, given, committed by Spark
+    # The process dies: its connection drops, and the 15 prefetched come back counted.
+    first.runtime.session.ack = lambda *args: None  # type: ignore[method-assign]
+    assert drop_source_connections(amqp_url, embedded_or_none, f"spark-amqp source {first.runtime.run_id}") == 1
+    first.close()
+    second = MicroBatchDriver(amqp_url, q, journalLocation=str(journal), maxMessagesPerTrigger=5, prefetch=20, journalRetention=2)
+    try:
+        second.start = first.start  # Spark resumes after batch 1
+        rows = second.drain(15)
+        assert sorted(r["message_id"] for r in done + rows) == sorted(f"id-{i}" for i in range(20))
+        assert second.runtime.metrics.rescued == 15
     finally:
         second.close()
 

@@ -15,6 +15,7 @@ Runs on every RabbitMQ 4.x in AMQP_TEST_BROKERS and on the embedded broker
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +31,8 @@ from .test_exactly_once import Job, _ids, _kill_between_delta_commit_and_commit_
 
 pytestmark = [pytest.mark.spark, pytest.mark.delta, pytest.mark.timeout(1800)]
 
-MESSAGES = 400
+AGED_MESSAGES = 400
+MESSAGES = 1600  # the aged ones, then fresh ones published while the query is killed
 AGED = 18  # x-delivery-count: the default delivery-limit (20) drops a message at its 21st return
 
 
@@ -48,15 +50,33 @@ def _aged_quorum_queue(url: str, queue: str) -> None:
     ch = conn.channel()
     ch.queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
     ch.confirm_delivery()
-    for i in range(MESSAGES):
+    for i in range(AGED_MESSAGES):
         ch.basic_publish("", queue, f"payload {i}".encode(), pika.BasicProperties(message_id=f"m-{i:05d}"))
     conn.close()
     for _ in range(AGED):
         conn = connect(url)
         ch = conn.channel()
-        ch.basic_qos(prefetch_count=MESSAGES)
-        assert len(consume_n(conn, ch, queue, MESSAGES, timeout=30)) == MESSAGES
+        ch.basic_qos(prefetch_count=AGED_MESSAGES)
+        assert len(consume_n(conn, ch, queue, AGED_MESSAGES, timeout=30)) == AGED_MESSAGES
         conn.close()  # unacked: a return that counts
+
+
+def _publish_fresh(url: str, queue: str) -> threading.Thread:
+    """Fresh messages after the aged ones, 50 at a time: batches go on through the kills."""
+
+    def run() -> None:
+        conn = connect(url)
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for i in range(AGED_MESSAGES, MESSAGES):
+            ch.basic_publish("", queue, f"payload {i}".encode(), pika.BasicProperties(message_id=f"m-{i:05d}"))
+            if i % 50 == 49:
+                time.sleep(0.5)
+        conn.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
 
 
 @pytest.mark.parametrize("journal", [True, False], ids=["journal", "no-journal"])
@@ -70,8 +90,9 @@ def test_a_query_that_keeps_dying_never_lets_the_delivery_limit_drop_a_message(s
             assert job.wait(300) != 0
             output = job.output()
             assert f"queue '{queue}'" in output and f"x-delivery-count {AGED}" in output and "journalLocation" in output, output[-3000:]
-            assert ready_count(url, queue) == MESSAGES  # failed before the broker dropped any
+            assert ready_count(url, queue) == AGED_MESSAGES  # failed before the broker dropped any
             return
+        publisher = _publish_fresh(url, queue)
         rng = random.Random(11)
         _kill_between_delta_commit_and_commit_log(url, queue, tmp_path, True)
         for _ in range(3):
@@ -81,6 +102,8 @@ def test_a_query_that_keeps_dying_never_lets_the_delivery_limit_drop_a_message(s
             wait_for(lambda before=planned, job=job: _offsets_logged(tmp_path) > before or job.proc.poll() is not None, timeout=180)  # type: ignore[misc]
             time.sleep(rng.uniform(0.0, 2.0))  # a random moment while batches run
             job.kill()
+        publisher.join(120)
+        assert not publisher.is_alive()
         final = Job(url, queue, tmp_path, True, "--available-now")
         assert final.wait(300) == 0, final.output()[-3000:]
         ids = _ids(spark, tmp_path / "table")
