@@ -7,7 +7,9 @@ For each sink (noop, parquet, delta, delta with the batch journal) it preloads
 streams them with Trigger.AvailableNow, and divides by the time from the first
 batch's start to the last batch's end (query start-up, 5-9 s on 2 cores, is
 reported apart). The baseline is pika's SelectConnection consumer with prefetch
-1000 and a multi-ack every 1000 on the same queue contents. Then it streams a
+1000 and a multi-ack every 1000 on the same queue contents, run before the first
+sink and again after every sink: each sink is compared with the mean of the
+baseline runs around it (the machine's pace drifts). Then it streams a
 ``--backlog`` queue and samples the source runner's resident memory, which
 must stay flat (bounded by the prefetch, not the backlog). The two Delta runs
 run ``--repeat`` times in ABBA order; the journal's cost is the ratio of their medians.
@@ -143,6 +145,13 @@ def main() -> None:
                 preload(url, queue, 20_000)
                 stream_once(spark, url, queue, "delta+journal", args.max_per_trigger, workdir)
             print(f"raw pika consumer (prefetch 1000, multi-ack/1000): {raw:9.0f} msg/s")
+
+            def pika_again() -> float:
+                preload(url, queue, args.messages)
+                rate = args.messages / pb.consume(url, queue, args.messages, prefetch=1000, ack_every=1000)
+                print(f"raw pika consumer again: {rate:9.0f} msg/s")
+                return rate
+
             # ABBA order: Delta keeps getting faster as the JVM warms up, which would favour whichever runs second.
             pairs = [("delta", "delta+journal") if i % 2 == 0 else ("delta+journal", "delta") for i in range(args.repeat)]
             sinks = [s for s in args.sinks.split(",") if s] + [sink for pair in pairs for sink in pair]
@@ -154,9 +163,12 @@ def main() -> None:
                 assert rows == args.messages, f"{sink}: read {rows} of {args.messages}"
                 rate = rows / processing
                 rates.setdefault(sink, []).append(rate)
+                after = pika_again()
+                around, raw = (raw + after) / 2, after
                 print(
-                    f"source -> {sink:13s}: steady {steady:7.0f} msg/s = {steady / raw:.2f}x raw pika; all batches {rate:7.0f} msg/s = "
-                    f"{rate / raw:.2f}x; incl. query start-up {rows / wall:7.0f} msg/s ({wall:4.1f} s); runner peak RSS {rss.peak / 2**20:.0f} MiB",
+                    f"source -> {sink:13s}: steady {steady:7.0f} msg/s = {steady / around:.2f}x raw pika (mean {around:.0f} of the runs "
+                    f"around it); all batches {rate:7.0f} msg/s = {rate / around:.2f}x; incl. query start-up {rows / wall:7.0f} msg/s "
+                    f"({wall:4.1f} s); runner peak RSS {rss.peak / 2**20:.0f} MiB",
                     flush=True,
                 )
             if args.repeat:

@@ -91,13 +91,10 @@ def _property_rows(props: Sequence[Any]) -> Iterator[tuple[Any, ...]]:
     return ((*_PROPERTY_GETTER(p), None) for p in props)
 
 
-_ROW_GETTER = operator.attrgetter("body", "queue", "exchange", "routing_key", "tag", "redelivered", "props")
-
-
 def to_record_batch(rows: Sequence[Delivery]) -> pa.RecordBatch:
-    # Transpose in C: one attrgetter call per row, then zip; most properties are
+    # A Delivery is a tuple: zip transposes the rows in C. Most properties are
     # absent, and an all-null column costs nothing to build.
-    bodies, queues, exchanges, keys, tags, redelivered, props = zip(*map(_ROW_GETTER, rows), strict=True)
+    _, queues, tags, redelivered, exchanges, keys, props, bodies = zip(*rows, strict=True)
     columns = [
         *_routing_arrays(bodies, queues, exchanges, keys),
         pa.array(tags, pa.int64()),
@@ -120,7 +117,28 @@ def _routing_arrays(bodies: Sequence[bytes], queues: Sequence[str], exchanges: S
 
 def _property_arrays(props: Sequence[Any]) -> list[pa.Array]:
     n = len(props)
-    *strings, priorities, modes, timestamps, headers, raw_headers = zip(*_property_rows(props), strict=True)
+    same = _shared_properties(props)
+    if same is not None:  # every message carries the same properties (often none): decode them once
+        rows: Any = [same] if n else []
+        columns = _property_columns(rows, 1)
+        return [c if n == 1 else pa.repeat(c[0], n) if c.null_count == 0 else pa.nulls(n, c.type) for c in columns]
+    return _property_columns(list(_property_rows(props)), n)
+
+
+def _shared_properties(props: Sequence[Any]) -> tuple[Any, ...] | None:
+    """The property values of every message, when all have the same encoded properties; else None."""
+    if not props or not hasattr(props[0], "arrow_row"):
+        return None
+    first = props[0].header[12:]  # the property flags and values, after class, weight and body size
+    for p in props:
+        if p.header[12:] != first:
+            return None
+    values = tuple(props[0].arrow_row())
+    return values if values[-1] is None else None  # an undecodable header is kept per message, body size and all
+
+
+def _property_columns(rows: Sequence[tuple[Any, ...]], n: int) -> list[pa.Array]:
+    *strings, priorities, modes, timestamps, headers, raw_headers = zip(*rows, strict=True)
     return [
         *[_column(values, pa.string(), n) for values in strings],
         _column(priorities, pa.int32(), n),

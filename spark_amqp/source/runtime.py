@@ -139,8 +139,8 @@ class SourceRuntime:
         if self.given_seq > self.committed_seq:  # every batch given before this call is in the commit log
             self._committed(self.given_seq)
         self._pump()
-        self._acknowledge()
         if self.pending:
+            self._acknowledge()
             return self._give(origin, self.pending.popleft())
         limit = self.options.max_messages_per_trigger if max_rows is None else max_rows
         now = time.monotonic()
@@ -159,14 +159,20 @@ class SourceRuntime:
                 taken = self._take(limit)
             if self.pending:  # redeliveries journalled while waiting go first
                 self._unplan(taken)
+                self._acknowledge()
                 return self._give(origin, self.pending.popleft())
             if not taken:
+                self._acknowledge()
                 self._await_acks(session)
         if not taken:
+            self._acknowledge()
             self._retire()
             return origin.to_json()
         batch = self._plan(origin, taken)
         self.admission.fired(now)
+        # The committed batches' acks go after the batch is built: the deliveries they let in
+        # are read by the I/O thread, which would otherwise compete with it for the GIL.
+        self._acknowledge()
         return self._give(origin, batch)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[bytes]:
