@@ -30,6 +30,7 @@ from ..options import DEFAULT_JOURNAL_RETENTION, SourceOptions
 from . import arrow
 from .admission import Admission
 from .available_now import AvailableNow, measure_depths
+from .delivery_limit import DeliveryLimitGuard, max_returns
 from .intake import Intake, returns
 from .journalled import Journalled, JournalledBatches
 from .ledger import Entry, RedeliveryFilter, SessionLedger
@@ -41,10 +42,6 @@ RUNNER_MODULE = "pyspark.sql.streaming.python_streaming_source_runner"
 AUTO_PARTITION_ROWS = 25_000
 BACKLOG_INTERVAL = 1.0  # at most one round of passive declares a second for the progress report
 HELD = sys.maxsize  # with a journal, every batch's messages are in it: all of them may be acknowledged
-# Without a journal, where a quorum queue's x-delivery-count starts to matter: RabbitMQ 4.x drops a
-# message returned more than its delivery-limit times (20 by default).
-WARN_RETURNS = 2
-DEFAULT_MAX_RETURNS_4X = 16
 
 
 @dataclass
@@ -83,7 +80,7 @@ class SourceRuntime:
         self.metrics = SourceMetrics()
         self.admission = Admission(options.trigger)
         self.available_now: AvailableNow | None = None
-        self._warned_returns = 0
+        self.returns_guard = DeliveryLimitGuard()
         self._backlog: dict[str, Any] | None = None
         self._backlog_at = -BACKLOG_INTERVAL
         self._terminating = False
@@ -276,7 +273,11 @@ class SourceRuntime:
             if self.journalled is not None:
                 self._rescue(returned)
             else:
-                self._check_returns(returned)
+                version = self.session.server_version
+                failure = self.returns_guard.check(returned, max_returns(self.options.max_delivery_count, version))
+                if failure is not None:
+                    self.shutdown()  # gives the deliveries back with nacks, which RabbitMQ 4.3 does not count
+                    raise failure
 
     def _rescue(self, entries: list[Entry]) -> None:
         """Redeliveries a quorum queue counts towards its delivery-limit: journalled now, acknowledged, and given
@@ -296,42 +297,6 @@ class SourceRuntime:
             len(entries),
             max(returns(e.delivery) for e in entries),
         )
-
-    def _check_returns(self, entries: list[Entry]) -> None:
-        """Without a journal, a returned message waits unacknowledged for its batch's commit like any other; fail
-        before a quorum queue's delivery-limit can drop it."""
-        worst = max(entries, key=lambda e: returns(e.delivery))
-        count = returns(worst.delivery)
-        queue = worst.delivery.queue
-        limit = self._max_returns()
-        if limit and count >= limit:
-            self.shutdown()  # gives the deliveries back with nacks, which RabbitMQ 4.3 does not count
-            raise AmqpSourceError(
-                f"queue '{queue}': a message came back {count} times (x-delivery-count {count}). RabbitMQ 4.x drops, "
-                "or dead-letters, a quorum queue's message returned more than its delivery-limit (20 by default) times, and "
-                "without journalLocation this query holds messages unacknowledged until Spark commits their batch, so every "
-                "failure, restart or lost connection returns them once more. Stopped before the broker drops any: fix what "
-                "makes the query restart, then set journalLocation (the journal keeps returned messages itself), or give the "
-                "queue a dead-letter exchange or a higher delivery-limit (policy keys dead-letter-exchange, delivery-limit), "
-                f"or raise maxDeliveryCount (now {limit}; 0 reads on regardless)"
-            )
-        if count >= WARN_RETURNS and count > self._warned_returns:
-            self._warned_returns = count
-            log.warning(
-                "AMQP source: queue '%s': a message came back %d times (x-delivery-count). RabbitMQ 4.x drops a quorum "
-                "queue's message past its delivery-limit (20 by default); this query stops at %s. Set journalLocation, or a "
-                "dead-letter exchange on the queue, so that restarts cannot lose messages.",
-                queue,
-                count,
-                limit or "no limit (maxDeliveryCount=0)",
-            )
-
-    def _max_returns(self) -> int:
-        """maxDeliveryCount; by default 16 on RabbitMQ 4.x (whose default delivery-limit is 20), off on 3.x."""
-        if self.options.max_delivery_count is not None:
-            return self.options.max_delivery_count
-        version = self.session.server_version if self.session is not None else None
-        return DEFAULT_MAX_RETURNS_4X if version is not None and version >= (4, 0) else 0
 
     def _committed(self, seq: int) -> None:
         self.committed_seq = max(self.committed_seq, seq)
