@@ -385,7 +385,7 @@ def main() -> None:
     if not url:
         sys.exit(
             "stream_throughput.py needs RabbitMQ (3.9+, stream queues): set AMQP_TEST_URL, e.g. "
-            "AMQP_TEST_URL=amqp://guest:guest@127.0.0.1:5672/%2F. The embedded broker has no stream queues yet."
+            "AMQP_TEST_URL=amqp://guest:guest@127.0.0.1:5672/%2F (it measures RabbitMQ against PerfTest, not the embedded broker)."
         )
     jars: Path | None = None
     if not args.no_perftest:
