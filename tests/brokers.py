@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 import shlex
 import subprocess
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ import pika
 
 from spark_amqp.broker import EmbeddedBroker
 from spark_amqp.broker.server import MODELLED_VERSION
+from spark_amqp.client.connection import parse_version
 
 TOOLS = Path(__file__).resolve().parent.parent / "tools" / "rabbitmq"
 
@@ -70,11 +70,10 @@ def version_of(url: str) -> tuple[int, int]:
         raw = conn._impl.server_properties.get("version", b"")
     finally:
         conn.close()
-    text = raw.decode() if isinstance(raw, bytes) else str(raw)
-    match = re.match(r"(\d+)\.(\d+)", text)
-    if not match:
-        raise RuntimeError(f"{url}: no version in the server properties ({text!r})")
-    return int(match.group(1)), int(match.group(2))
+    version = parse_version(raw)
+    if version is None:
+        raise RuntimeError(f"{url}: no version in the server properties ({raw!r})")
+    return version
 
 
 def by_version() -> list[RealBroker]:

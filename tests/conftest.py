@@ -26,7 +26,7 @@ from . import brokers
 REAL_URL = brokers.by_version()[-1].url if brokers.REAL else None
 _REAL_PARAMS = {f"rabbitmq-{b.name}" if b.name != "rabbitmq" else "rabbitmq": b for b in brokers.REAL}
 # Spark tests run on the embedded broker and the newest RabbitMQ: what Spark adds does not depend on the
-# broker's line, and the tests without Spark cover every line (the CI run stays under 30 minutes).
+# broker's line, and the tests without Spark cover every line (each Spark test on a line costs CI time).
 _SPARK_PARAMS = {"embedded"} | {p for p, b in _REAL_PARAMS.items() if b is brokers.by_version()[-1]}
 
 

@@ -67,6 +67,10 @@ class AvailableNow:
             return True
         return False
 
+    def give_back(self, queue: str) -> None:
+        """A message counted by ``take`` is not in a batch after all."""
+        self.left[queue] += 1
+
     def check_drained(self, buffered: set[str]) -> None:
         """Finish queues that are empty on the broker and here, at most every IDLE_RECHECK_SECONDS of idling."""
         waiting = [q for q, n in self.left.items() if n > 0]

@@ -226,10 +226,7 @@ class BatchJournal:
         number = self._next
         self._next += 1
         entry = JournalEntry(number, start, end, tuple(len(p) for p in parts), {q: tuple(f) for q, f in fingerprints.items()}, True)
-        try:
-            self.store.put(f"{_stem(number)}.arrows", b"".join(parts))
-        except OSError as err:
-            raise AmqpSourceError(f"cannot write the batch journal at {self.display}: {err}") from None
+        self._put(f"{_stem(number)}.arrows", b"".join(parts))
         self._put_manifest(entry)
         return entry
 
@@ -249,8 +246,11 @@ class BatchJournal:
             "acking": entry.acking,
             "written": time.time(),
         }
+        self._put(f"{_stem(entry.number)}.json", json.dumps(manifest, separators=(",", ":")).encode())
+
+    def _put(self, name: str, data: bytes) -> None:
         try:
-            self.store.put(f"{_stem(entry.number)}.json", json.dumps(manifest, separators=(",", ":")).encode())
+            self.store.put(name, data)
         except OSError as err:
             raise AmqpSourceError(f"cannot write the batch journal at {self.display}: {err}") from None
 
@@ -268,7 +268,7 @@ class BatchJournal:
         return out
 
     def mark_committed(self, entry: JournalEntry) -> JournalEntry:
-        self.store.put(f"{_stem(entry.number)}.committed", b"")
+        self._put(f"{_stem(entry.number)}.committed", b"")
         return replace(entry, committed=True)
 
     def delete(self, entry: JournalEntry) -> None:

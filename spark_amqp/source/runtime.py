@@ -158,11 +158,10 @@ class SourceRuntime:
                 self._unplan(taken)
                 self._acknowledge()
                 return self._give(origin, self.pending.popleft())
-            if not taken:
-                self._acknowledge()
-                self._await_acks(session)
         if not taken:
             self._acknowledge()
+            if self.available_now is not None:
+                self._await_acks(session)  # the run ends here: its last acks must reach the broker
             self._retire()
             return origin.to_json()
         batch = self._plan(origin, taken)
@@ -339,7 +338,7 @@ class SourceRuntime:
         """Put taken entries back in front of the buffer (a journalled batch goes first)."""
         if self.available_now is not None:
             for entry in taken:
-                self.available_now.left[entry.delivery.queue] += 1
+                self.available_now.give_back(entry.delivery.queue)
         self.buffer.extendleft(reversed(taken))
 
     def _plan(self, origin: AmqpSourceOffset, taken: list[Entry]) -> PlannedBatch:
