@@ -321,6 +321,25 @@ def test_a_version_1_journal_is_read(tmp_path: Path) -> None:
     assert journal.write("s2", "s3", [b"e"], {}).number == 6
 
 
+@pytest.mark.parametrize("failing", [".arrows", ".json", ".committed"])
+def test_a_journal_that_cannot_be_written_is_a_clear_error(tmp_path: Path, failing: str) -> None:
+    journal = BatchJournal(str(tmp_path), "journal-at-j")
+    entry = journal.write("s0", "s1", _parts(b"a"), {"q": [("id", "1")]}) if failing == ".committed" else None
+    put = journal.store.put
+
+    def refuse(name: str, data: bytes) -> None:
+        if name.endswith(failing):
+            raise OSError(28, "No space left on device")
+        put(name, data)
+
+    journal.store.put = refuse  # type: ignore[method-assign]
+    with pytest.raises(AmqpSourceError, match=r"cannot write the batch journal at journal-at-j: .*No space left on device"):
+        if entry is not None:
+            journal.mark_committed(entry)
+        else:
+            journal.write("s0", "s1", _parts(b"a"), {"q": [("id", "1")]})
+
+
 def test_an_interrupted_write_is_not_a_batch(tmp_path: Path) -> None:
     (tmp_path / "batch-000000000007.arrows").write_bytes(b"partial")  # crashed before the manifest
     (tmp_path / "batch-000000000007.json.tmp").write_bytes(b"{")
