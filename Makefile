@@ -97,10 +97,10 @@ rabbitmq:
 	tools/rabbitmq install
 	tools/rabbitmq start
 
-## The Spark tests on another PySpark line (tests marked `delta` need the pinned one), on the
+## The Spark tests on another PySpark line (tests marked `delta` need the pinned one, `pinned` run there only), on the
 ## embedded broker: what differs between PySpark lines does not depend on the RabbitMQ line.
 $(PYSPARK_LINES:%=test-pyspark%): test-pyspark%: .venv-pyspark%/.wheel
-	env -u AMQP_TEST_BROKERS -u AMQP_TEST_URL .venv-pyspark$*/bin/python -m pytest tests/spark -m "spark and not delta" $(PYTEST_ARGS)
+	env -u AMQP_TEST_BROKERS -u AMQP_TEST_URL .venv-pyspark$*/bin/python -m pytest tests/spark -m "spark and not delta and not pinned" $(PYTEST_ARGS)
 
 ## The Spark tests on every other PySpark line; `make test` covers the pinned one.
 test-matrix: $(PYSPARK_LINES:%=test-pyspark%)

@@ -35,6 +35,7 @@ __all__ = [
     "OtherConsumers",
     "PreconditionFailed",
     "ResourceLocked",
+    "StreamInQueueMode",
     "is_transient",
     "method_name",
     "reply_error",
@@ -90,6 +91,19 @@ class OtherConsumers(AmqpProtocolError):
         super().__init__(f"queue '{queue}' has {consumers} consumers, this query's included")
         self.queue = queue
         self.consumers = consumers
+
+
+class StreamInQueueMode(AmqpProtocolError):
+    """Option ``queue`` names a stream queue: a consumer without ``x-stream-offset`` would start at
+    the stream's end and never see what it already holds."""
+
+    def __init__(self, queue: str) -> None:
+        super().__init__(
+            f"queue '{queue}' is a stream queue. Option 'queue' reads classic and quorum queues; on a stream it would start "
+            f"at the stream's end and skip every message already in it. Read it with option 'stream' (stream mode: "
+            "Kafka-style offsets, startingOffsets). Nothing was read or acknowledged"
+        )
+        self.queue = queue
 
 
 class DecodeError(AmqpProtocolError):

@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..property_columns import STRING_PROPERTIES
-from .session import Delivery
+from .inbox import Delivery
 
 _PROPERTIES_DDL = (
     ", ".join(f"{p} STRING" for p in STRING_PROPERTIES)

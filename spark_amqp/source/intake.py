@@ -16,8 +16,8 @@ import logging
 from collections import deque
 from typing import Any
 
+from .inbox import AckConfirmed, Delivery, SessionClosed
 from .ledger import Entry, RedeliveryFilter, SessionLedger
-from .session import AckConfirmed, Delivery, SessionClosed
 
 log = logging.getLogger("spark_amqp.source")
 

@@ -26,7 +26,7 @@ from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
-from .session import Delivery
+from .inbox import Delivery
 
 UNPLANNED = -1
 PENDING, MULTI, SINGLE = 0, 1, 2  # Entry.acked: not yet, by the frontier's multi-ack, on its own

@@ -17,48 +17,21 @@ import socket
 import threading
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any, NamedTuple, TypeVar
+from typing import TypeVar
 
 from pamqp import commands
 
 from .. import framing
+from ..backoff import Backoff
 from ..client import AmqpClient, ClientChannel, LazyProperties, queue_stats, stats_of
-from ..errors import AmqpProtocolError, AmqpReplyError, AmqpSourceError, NotFound, OtherConsumers, explain, is_transient
+from ..errors import AmqpProtocolError, AmqpReplyError, AmqpSourceError, NotFound, OtherConsumers, StreamInQueueMode, explain, is_transient
 from ..options import SourceOptions
+from ..stream.probe import is_stream
 from .channel_policy import ChannelPolicy
+from .inbox import AckConfirmed, Delivery, SessionClosed
 
 log = logging.getLogger("spark_amqp.source")
 T = TypeVar("T")
-
-
-class Delivery(NamedTuple):
-    """A message as the I/O thread hands it over, with the channel session it came on."""
-
-    session: str
-    queue: str
-    tag: int
-    redelivered: bool
-    exchange: str
-    routing_key: str
-    props: Any  # LazyProperties (or anything with pika's BasicProperties attribute names)
-    body: bytes
-
-
-class SessionClosed(NamedTuple):
-    session: str
-    queue: str
-    reason: str
-
-
-class AckConfirmed(NamedTuple):
-    """The broker processed every round of acks up to ``round`` on ``session`` (a later sync reply proved it)."""
-
-    session: str
-    round: int
-
-
-MIN_BACKOFF = 0.2
-MAX_BACKOFF = 10.0
 
 
 class _Consumer:
@@ -177,7 +150,7 @@ class ConsumerSession:
             loop.close()
 
     async def _run(self) -> None:
-        backoff = MIN_BACKOFF
+        backoff = Backoff()
         connection = self.options.connection
         while not self._stopping and self.fatal is None:
             try:
@@ -187,11 +160,11 @@ class ConsumerSession:
                     self.fatal = self._error(err)
                     return
                 self._last_error = str(err)
-                log.warning("AMQP source: cannot connect to %s (%s); retrying in %.1fs", connection.display_uri, err, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(MAX_BACKOFF, backoff * 2)
+                delay = backoff.next()
+                log.warning("AMQP source: cannot connect to %s (%s); retrying in %.1fs", connection.display_uri, err, delay)
+                await asyncio.sleep(delay)
                 continue
-            backoff = MIN_BACKOFF
+            backoff.reset()
             self._client = client
             self.server_version = client.server_version
             tasks = [self._supervised(self._consume_queue(client, q)) for q in self.options.queues]
@@ -209,7 +182,7 @@ class ConsumerSession:
                 return
             self._last_error = str(reason)
             log.warning("AMQP source: connection to %s lost (%s); reconnecting", connection.display_uri, reason)
-            await asyncio.sleep(backoff)
+            await asyncio.sleep(backoff.next())
 
     def _supervised(self, coro: Awaitable[None]) -> asyncio.Task[None]:
         """A task whose unexpected exception fails the query (never a silent, dead consumer)."""
@@ -238,7 +211,7 @@ class ConsumerSession:
         return error
 
     async def _consume_queue(self, client: AmqpClient, queue: str) -> None:
-        backoff = MIN_BACKOFF
+        backoff = Backoff()
         while not self._stopping and self.fatal is None and not client.closed.done():
             try:
                 channel = await client.channel()
@@ -250,20 +223,22 @@ class ConsumerSession:
             reason: AmqpProtocolError | None
             try:
                 await self._subscribe(consumer)
-                backoff = MIN_BACKOFF
+                backoff.reset()
                 reason = await channel.closed
             except AmqpReplyError as err:
                 reason = err
             except OtherConsumers as err:
                 reason = err
                 await self._release(consumer)
+            except StreamInQueueMode as err:  # before basic.consume: nothing to give back
+                reason = err
+                await channel.close()
             except AmqpProtocolError:
                 return
             self._session_lost(consumer, str(reason) if reason is not None else "closed")
-            if isinstance(reason, AmqpReplyError | OtherConsumers) and self._on_channel_error(queue, reason):
+            if isinstance(reason, AmqpReplyError | OtherConsumers | StreamInQueueMode) and self._on_channel_error(queue, reason):
                 return
-            await asyncio.sleep(backoff)
-            backoff = min(MAX_BACKOFF, backoff * 2)
+            await asyncio.sleep(backoff.next())
 
     async def _subscribe(self, consumer: _Consumer) -> None:
         channel, queue = consumer.channel, consumer.queue
@@ -272,6 +247,8 @@ class ConsumerSession:
             await channel.rpc(framing.build(commands.Queue.Declare, queue=queue, durable=decl.durable, arguments=decl.arguments or None))
             if decl.exchange:
                 await channel.rpc(framing.build(commands.Queue.Bind, queue=queue, exchange=decl.exchange, routing_key=decl.binding_key))
+        if await is_stream(channel.client, queue):
+            raise StreamInQueueMode(queue)
         await channel.rpc(commands.Basic.Qos(prefetch_count=self.options.prefetch))
         inbox, session = self.inbox, consumer.session
         make = tuple.__new__  # a Delivery without NamedTuple's Python-level __new__: half the cost, per message
@@ -279,10 +256,18 @@ class ConsumerSession:
         def on_delivery(tag: int, redelivered: bool, exchange: str, routing_key: str, props: LazyProperties, body: bytes) -> None:
             inbox.append(make(Delivery, (session, queue, tag, redelivered, exchange, routing_key, props, body)))
 
+        def on_first_delivery(tag: int, redelivered: bool, exchange: str, routing_key: str, props: LazyProperties, body: bytes) -> None:
+            # The queue may have been deleted and declared again as a stream since the check above; a
+            # message copied out of a stream carries the header too, so ask the broker again.
+            channel.on_delivery = on_delivery
+            if props.long_header("x-stream-offset") is not None:
+                self._background(self._check_not_stream(consumer))
+            on_delivery(tag, redelivered, exchange, routing_key, props, body)
+
         def on_cancel(tag: str) -> None:
             self._background(self._cancelled(consumer))
 
-        channel.on_delivery = on_delivery
+        channel.on_delivery = on_first_delivery
         channel.on_cancel = on_cancel
         await self._basic_consume(consumer)
         self._consuming.add(queue)
@@ -303,6 +288,14 @@ class ConsumerSession:
             if consumers > 1:
                 raise OtherConsumers(consumer.queue, consumers)
         self._policy.subscribed(consumer.queue)
+
+    async def _check_not_stream(self, consumer: _Consumer) -> None:
+        try:
+            stream = await is_stream(consumer.channel.client, consumer.queue)
+        except AmqpProtocolError:
+            return  # the connection went: subscribing again checks the queue's type first
+        if stream:
+            self._on_channel_error(consumer.queue, StreamInQueueMode(consumer.queue))
 
     async def _cancelled(self, consumer: _Consumer) -> None:
         """The broker cancelled our consumer (basic.cancel) and left its channel open: say why, then

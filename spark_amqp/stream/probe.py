@@ -34,9 +34,9 @@ from pamqp import commands
 from .. import framing
 from ..client import AmqpClient, ClientChannel
 from ..client.properties import LazyProperties
-from ..errors import AmqpSourceError, PreconditionFailed
+from ..errors import AmqpReplyError, AmqpSourceError, PreconditionFailed
 
-__all__ = ["EMPTY_WAIT", "consume", "head", "not_a_stream", "offset_at", "stream_offset", "tail"]
+__all__ = ["EMPTY_WAIT", "consume", "head", "is_stream", "not_a_stream", "offset_at", "stream_offset", "tail"]
 
 # How long a stream whose message count reads 0 is given to send its first delivery.
 EMPTY_WAIT = 1.0
@@ -86,6 +86,24 @@ async def consume(channel: ClientChannel, stream: str, tag: str, offset: Any) ->
         if "x-stream-offset" in err.text:  # RabbitMQ refuses the argument on other queue types
             raise not_a_stream(stream, err) from None
         raise
+
+
+async def is_stream(client: AmqpClient, queue: str) -> bool:
+    """Whether ``queue`` is a stream queue: only a stream takes ``x-stream-offset`` (on a throwaway channel,
+    from ``next``, so nothing is delivered). Any other refusal says nothing about the type: False, and the
+    caller's own calls meet it with its real cause."""
+    channel = await client.channel()
+    tag = f"spark-amqp-type-{next(_tags)}"
+    try:
+        await channel.rpc(framing.build(commands.Basic.Qos, prefetch_count=1))
+        await consume(channel, queue, tag, "next")
+    except AmqpSourceError:  # not_a_stream: the broker refused the argument
+        return False
+    except AmqpReplyError:  # 404, 403, 405: the caller's own declare or consume reports it
+        return False
+    finally:
+        await channel.close()
+    return True
 
 
 async def _probe(client: AmqpClient, stream: str, spec: Any, prefetch: int, to_the_end: bool) -> list[int]:

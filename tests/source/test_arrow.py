@@ -7,7 +7,7 @@ import pika
 import pyarrow as pa
 
 from spark_amqp.source import arrow
-from spark_amqp.source.session import Delivery
+from spark_amqp.source.inbox import Delivery
 
 
 def test_header_rendering_rules() -> None:

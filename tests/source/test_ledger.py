@@ -6,8 +6,8 @@ import collections
 
 import pika
 
+from spark_amqp.source.inbox import Delivery
 from spark_amqp.source.ledger import UNPLANNED, Acks, Entry, RedeliveryFilter, SessionLedger, fingerprint
-from spark_amqp.source.session import Delivery
 
 
 def _d(tag: int, body: bytes = b"same", message_id: str | None = None, redelivered: bool = False, session: str = "s.1") -> Delivery:
@@ -131,8 +131,8 @@ def test_entries_expire() -> None:
 def test_deliveries_after_a_session_loss_in_the_same_pump_are_kept() -> None:
     """Regression: a lost session and the next session's deliveries drained together."""
     from spark_amqp.options import parse_source_options
+    from spark_amqp.source.inbox import SessionClosed
     from spark_amqp.source.runtime import SourceRuntime
-    from spark_amqp.source.session import SessionClosed
 
     class FakeSession:
         def __init__(self) -> None:

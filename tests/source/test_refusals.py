@@ -69,6 +69,36 @@ def test_missing_queue_is_404(amqp_url: str, names, available_now: bool) -> None
     assert f"queue '{q}'" in message and "404 NOT_FOUND" in message
 
 
+@pytest.mark.parametrize("available_now", [False, True], ids=["start", "available-now"])
+def test_a_stream_queue_is_refused_in_queue_mode_before_any_delivery(amqp_url: str, names, available_now: bool) -> None:  # type: ignore[no-untyped-def]
+    # Without x-stream-offset a stream consumer starts at `next`: a, b and c would never be read.
+    q = names.queue()
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    ch = conn.channel()
+    ch.queue_declare(q, durable=True, arguments={"x-queue-type": "stream"})
+    ch.confirm_delivery()
+    for body in (b"a", b"b", b"c"):
+        ch.basic_publish("", q, body)
+    conn.close()
+    message = _start_fails(amqp_url, q, available_now)
+    assert f"queue '{q}' is a stream queue" in message and "option 'stream'" in message, message
+
+
+def test_a_classic_queue_message_with_a_stream_offset_header_is_read(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
+    # A message copied out of a stream keeps x-stream-offset: the broker is asked again, and says classic.
+    q = names.queue()
+    publish(amqp_url, q, [b"copied", b"plain"], headers={"x-stream-offset": 7})
+    d = MicroBatchDriver(amqp_url, q, connectionTimeout=30)
+    try:
+        rows = d.drain(2, timeout=20)
+        assert sorted(r["body"] for r in rows) == [b"copied", b"plain"]
+        for _ in range(20):  # the type check runs in the background: give it time to (wrongly) fail the query
+            d.runtime.latest_offset(d.start, 0)
+            time.sleep(0.05)
+    finally:
+        d.close()
+
+
 def test_inequivalent_declaration_is_406_not_retried_forever(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
     q = names.queue()
     conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
