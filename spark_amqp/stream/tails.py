@@ -7,12 +7,18 @@ it attached and then nothing more, and that delivery is the signal to measure
 again. An idle stream costs nothing; a busy one costs two chunks per batch,
 whatever it holds. The watcher attaches before the probe, so nothing written in
 between goes unnoticed.
+
+A watcher that the broker cancels (the stream was deleted, or the member it read
+from went away) also means "measure again", and so does an end older than
+``REMEASURE``: the safety net for a signal that never comes. Measuring a deleted
+stream fails with the broker's 404, so the query fails instead of waiting forever.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import Sequence
 
 from pamqp import commands
@@ -24,6 +30,7 @@ from . import probe
 __all__ = ["TailWatch"]
 
 _tags = itertools.count(1)
+REMEASURE = 5.0  # seconds an idle stream's end is trusted without a signal
 
 
 class TailWatch:
@@ -31,6 +38,7 @@ class TailWatch:
         self.client: AmqpClient | None = None
         self.watchers: dict[str, ClientChannel] = {}
         self.ends: dict[str, int] = {}
+        self.measured: dict[str, float] = {}
         self.moved: set[str] = set()
         self.probes = 0  # how many times an end was measured (for tests and logs)
 
@@ -44,13 +52,15 @@ class TailWatch:
         if client is not self.client:  # a new connection: every watcher went with the old one
             self.client, self.watchers, self.ends, self.moved = client, {}, {}, set()
         watcher = self.watchers.get(stream)
-        if watcher is not None and watcher.is_open and stream not in self.moved and stream in self.ends:
+        fresh = time.monotonic() - self.measured.get(stream, -REMEASURE) < REMEASURE
+        if watcher is not None and watcher.is_open and stream not in self.moved and stream in self.ends and fresh:
             return self.ends[stream]
         if watcher is not None:
             await watcher.close()  # its unacked delivery goes with it: streams do not requeue
         self.watchers[stream] = await self._watch(client, stream)
         last = await probe.tail(client, stream)
         self.probes += 1
+        self.measured[stream] = time.monotonic()
         self.ends[stream] = 0 if last is None else last + 1
         return self.ends[stream]
 
@@ -62,6 +72,7 @@ class TailWatch:
             self.moved.add(stream)
 
         channel.on_delivery = on_delivery
+        channel.on_cancel = on_delivery  # deleted, or its member went: measuring again finds out which
         await channel.rpc(framing.build(commands.Basic.Qos, prefetch_count=1))
         await probe.consume(channel, stream, f"spark-amqp-watch-{next(_tags)}", "next")
         return channel

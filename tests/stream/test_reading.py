@@ -360,3 +360,49 @@ def test_an_idle_stream_is_not_probed_again_until_something_is_written(amqp_url:
     publish(amqp_url, s, 20, 5)
     assert latest(p, {s: 20}, {s: 25})
     assert p.tails.probes == probes + 1
+
+
+def _raises_within(call, timeout: float) -> str:  # type: ignore[no-untyped-def]
+    """The message of the AmqpSourceError ``call`` raises once retried for up to ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            call()
+        except AmqpSourceError as err:
+            return str(err)
+        time.sleep(0.05)
+    raise AssertionError(f"no error within {timeout}s")
+
+
+@pytest.mark.parametrize("again", [False, True], ids=["deleted", "deleted-and-declared-again"])
+def test_a_deleted_stream_fails_the_query_instead_of_stalling(amqp_url: str, names, planners, again: bool) -> None:  # type: ignore[no-untyped-def]
+    # The tail watcher gets basic.cancel when its stream goes; an end is also measured again every few seconds.
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    publish(amqp_url, s, 0, 20)
+    p = planner(planners, options(amqp_url, s))
+    assert p.latest_offset({s: 20}, None, True) == StreamOffset.of({s: 20})
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    conn.channel().queue_delete(s)
+    conn.close()
+    if again:
+        declare_stream(amqp_url, s)
+        publish(amqp_url, s, 0, 5)
+    message = _raises_within(lambda: p.latest_offset({s: 20}, None, True), timeout=20)
+    if again:
+        assert f"stream '{s}' ends at offset 5 but this query has read it up to 20" in message, message
+    else:
+        assert f"stream '{s}'" in message and "not found" in message, message
+
+
+def test_an_idle_end_is_measured_again_every_few_seconds(amqp_url: str, names, planners, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from spark_amqp.stream import tails
+
+    monkeypatch.setattr(tails, "REMEASURE", 0.3)
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    publish(amqp_url, s, 0, 3)
+    p = planner(planners, options(amqp_url, s))
+    assert p.ends() == {s: 3}
+    probes = p.tails.probes
+    assert wait_for(lambda: p.ends() == {s: 3} and p.tails.probes > probes, timeout=10, interval=0.05)
