@@ -25,7 +25,7 @@ from ..source import arrow
 from ..stream_options import StreamSourceOptions
 from . import probe
 from .probe import not_a_stream, stream_offset
-from .ranges import StreamRange
+from .ranges import StreamRange, judge_gap
 
 __all__ = ["ACK_SHARE", "BATCH_ROWS", "read_range"]
 
@@ -69,25 +69,28 @@ class _RangeReader:
         self.failure: BaseException | None = None
         self.arrived = asyncio.Event()
         self.unacked = 0
-        self.started = False
-        self.gap: tuple[int, int] | None = None
+        # Every forward jump not yet checked: (first offset skipped, offset delivered next).
+        self.gaps: list[tuple[int, int]] = []
         self.resumes = 0
         self.credit = max(1, min(options.prefetch, part.size))
 
     async def next_rows(self, limit: int) -> list[tuple[bytes, str, str, str, int, Any]]:
         timeout = self.options.connection.connection_timeout
-        while len(self.rows) < limit and not self.done:
+        while self.gaps or (len(self.rows) < limit and not self.done):
             try:
+                if self.client is None:
+                    await self._connect()
+                if self.gaps:  # before more rows go out: a loss must fail the task before the rows after it
+                    await self._check_gaps()
+                    continue
                 if self.channel is None:
-                    await self._open()
+                    await self._subscribe()
                 self.arrived.clear()
                 if self.failure is None and not self.done and len(self.rows) < limit:
                     # The planner saw these offsets in the stream: a silent broker is a fault, not an end.
                     await asyncio.wait_for(self.arrived.wait(), timeout)
                 if self.failure is not None:
                     raise self.failure
-                if self.gap is not None:
-                    await self._check_gap(*self.gap)
             except asyncio.TimeoutError:
                 # The planner saw offsets up to the range's end; if they never come, the stream was
                 # probably deleted and declared again since.
@@ -107,11 +110,13 @@ class _RangeReader:
         if client is not None:
             await client.close()
 
-    async def _open(self) -> None:
-        connection = self.options.connection
-        self.client = await AmqpClient.connect(connection, f"spark-amqp stream reader {self.part.stream}")
+    async def _connect(self) -> None:
+        self.client = await AmqpClient.connect(self.options.connection, f"spark-amqp stream reader {self.part.stream}")
+
+    async def _subscribe(self) -> None:
+        assert self.client is not None
         channel = self.channel = await self.client.channel()
-        self.failure, self.unacked, self.started = None, 0, False
+        self.failure, self.unacked = None, 0
         channel.on_delivery = self._on_delivery
         channel.closed.add_done_callback(self._on_closed)
         await channel.rpc(framing.build(commands.Basic.Qos, prefetch_count=self.credit))
@@ -138,11 +143,12 @@ class _RangeReader:
             self.unacked = 0
         if offset < self.next_offset:
             return  # a chunk starts before the offset asked for
-        if offset > self.next_offset and not self.started:
-            # Either retention removed what was asked for, or the offsets in between hold no
-            # messages (RabbitMQ starts each segment with a tracking chunk that takes an offset).
-            self.gap = (self.next_offset, offset)
-        self.started = True
+        if offset > self.next_offset:
+            # Retention removed what comes next (at the start, or under a reader that fell behind:
+            # RabbitMQ moves it to the oldest segment left), or the offsets in between hold no
+            # messages (the tracking chunk RabbitMQ starts each segment with). Checked before
+            # more rows go out, even when the jump lands past the range's end.
+            self.gaps.append((self.next_offset, offset))
         end = self.part.end
         if offset < end:
             self.rows.append((body, self.part.stream, exchange, routing_key, offset, props))
@@ -151,22 +157,30 @@ class _RangeReader:
             self.done = True
         self.arrived.set()
 
-    async def _check_gap(self, start: int, first: int) -> None:
-        """Data loss only if the stream now begins after ``start``: gaps without messages are not loss."""
-        self.gap = None
+    async def _check_gaps(self) -> None:
+        """Data loss only where the stream now begins after a skipped offset; a gap is dropped only once checked."""
         assert self.client is not None
         head = await probe.head(self.client, self.part.stream)
-        if head is None or head <= start:
-            return
-        part = self.part
-        gone = min(head, first, part.end) - start
-        message = (
-            f"stream '{part.stream}': offsets {start} to {start + gone - 1} ({gone}) were removed by the stream's "
-            "retention (x-max-length-bytes / x-max-age) before this query read them"
-        )
-        if self.options.fail_on_data_loss:
-            raise AmqpSourceError(message + "; set failOnDataLoss=false to skip them and go on")
-        log.warning("AMQP source: %s; skipped (failOnDataLoss=false)", message)
+        while self.gaps:
+            start, first = self.gaps[0]
+            verdict = judge_gap(self.part, start, first, head)
+            if verdict is not None:
+                lost, certain = verdict
+                message = (
+                    f"stream '{self.part.stream}': offsets {start} to {start + lost - 1} ({lost}) were removed by the stream's "
+                    "retention (x-max-length-bytes / x-max-age) before this query read them"
+                )
+                if certain:
+                    if self.options.fail_on_data_loss:
+                        raise AmqpSourceError(message + "; set failOnDataLoss=false to skip them and go on")
+                    log.warning("AMQP source: %s; skipped (failOnDataLoss=false)", message)
+                else:
+                    log.warning(
+                        "AMQP source: %s, or they held no messages (RabbitMQ gives the tracking chunk that opens a segment an "
+                        "offset of its own, and retention has since removed that segment): not treated as data loss",
+                        message,
+                    )
+            self.gaps.pop(0)
 
     async def _resume(self, err: BaseException) -> None:
         self.resumes += 1

@@ -10,7 +10,7 @@ from spark_amqp.errors import AmqpOptionError, AmqpSourceError
 from spark_amqp.options import TriggerOptions, parse_source_options
 from spark_amqp.source.admission import Admission
 from spark_amqp.stream.offset import UNSET, StreamOffset
-from spark_amqp.stream.ranges import StreamRange, limit_ends, split
+from spark_amqp.stream.ranges import StreamRange, judge_gap, limit_ends, split
 from spark_amqp.stream_options import is_stream_mode, parse_stream_options
 
 BASE = {"uri": "amqp://u@h:5672/v", "password": "pw"}
@@ -119,3 +119,20 @@ def test_admission_waits_for_the_minimum_until_the_delay_passes() -> None:
     assert a.admit(50, now=10.5, max_rows=None, use_minimum=True) == 50  # the delay passed
     assert a.admit(50, now=1.0, max_rows=None, use_minimum=False) == 50  # AvailableNow ignores the minimum
     assert a.admit(0, now=99.0, max_rows=None, use_minimum=True) == 0
+
+
+@pytest.mark.parametrize(
+    ("start", "first", "head", "verdict"),
+    [
+        (10, 11, 5, None),  # the stream still begins before the jump: offsets without messages
+        (10, 11, 10, None),
+        (10, 11, 11, (1, False)),  # the oldest segment's tracking chunk, or one message: cannot tell
+        (10, 13, 13, (3, False)),
+        (10, 50, 50, (40, True)),  # retention moved the stream's start past what was asked for
+        (10, 500, 400, (40, True)),  # a jump past the range's end: only the range's part counts
+        (10, 30, 20, (10, True)),  # the head has moved on since: what lay below it when the reader jumped
+        (10, 30, None, (20, True)),  # the stream holds no message now
+    ],
+)
+def test_judge_gap(start: int, first: int, head: int | None, verdict: tuple[int, bool] | None) -> None:
+    assert judge_gap(StreamRange("s", 0, 50), start, first, head) == verdict

@@ -406,3 +406,67 @@ def test_an_idle_end_is_measured_again_every_few_seconds(amqp_url: str, names, p
     assert p.ends() == {s: 3}
     probes = p.tails.probes
     assert wait_for(lambda: p.ends() == {s: 3} and p.tails.probes > probes, timeout=10, interval=0.05)
+
+
+def _head(url: str, stream: str) -> int:
+    p = StreamPlanner(options(url, stream))
+    try:
+        return p.client.run(lambda c: probe.head(c, stream), stream) or 0
+    finally:
+        p.close()
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False], ids=["fail", "skip"])
+def test_retention_under_a_reader_that_fell_behind_fails_or_is_skipped(amqp_url: str, names, fail_on_data_loss: bool, caplog) -> None:  # type: ignore[no-untyped-def]
+    # RabbitMQ moves a reader whose segments retention deleted to the oldest segment left: a jump in the
+    # middle of a range, here past its end. The task must not end the range short without a word.
+    s = names.queue("stream")
+    declare_stream(amqp_url, s, **{"x-max-length-bytes": 20_000, "x-stream-max-segment-size-bytes": 4_000})
+    publish(amqp_url, s, 0, 60, size=100)
+    opts = options(amqp_url, s, prefetch="5", failOnDataLoss=str(fail_on_data_loss).lower())
+    batches = read_range(opts, StreamRange(s, 0, 60), 5)
+    got = next(batches).column("offset").to_pylist()
+    assert got[:5] == [0, 1, 2, 3, 4] and len(got) < 20  # a batch may hold what the same callbacks brought
+    published = 60
+    while _head(amqp_url, s) <= 60:  # the task stalls while the stream grows and retention runs
+        publish(amqp_url, s, published, 100, size=100)
+        published += 100
+        assert published < 3000, "retention never removed the range"
+    if fail_on_data_loss:
+        with pytest.raises(AmqpSourceError, match=rf"stream '{s}': offsets (\d+) to 59 \(\d+\) were removed .*failOnDataLoss=false"):
+            for batch in batches:
+                got += batch.column("offset").to_pylist()
+    else:
+        for batch in batches:
+            got += batch.column("offset").to_pylist()
+        assert "to 59" in caplog.text and "skipped (failOnDataLoss=false)" in caplog.text
+    assert got == sorted(set(got)) and got[-1] < 59  # in order, and retention took the range's end
+
+
+def test_a_range_starting_on_the_oldest_segments_tracking_chunk_is_not_data_loss(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
+    # The batch before ended with the last message of a segment that retention has removed since; the range
+    # starts on the offset of the tracking chunk that opens the next segment, now the oldest.
+    s = names.queue("stream")
+    first = _truncated_stream(amqp_url, s)
+    read = offsets_and_ids(options(amqp_url, s), StreamRange(s, first - 1, first + 3))
+    assert [o for o, _ in read] == [first, first + 1, first + 2]
+
+
+def test_a_failed_gap_check_is_not_forgotten(amqp_url: str, names, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from spark_amqp.errors import ConnectionLost
+    from spark_amqp.stream import range_reader
+
+    s = names.queue("stream")
+    first = _truncated_stream(amqp_url, s)
+    real_head, calls = probe.head, []
+
+    async def flaky_head(client, stream):  # type: ignore[no-untyped-def]
+        calls.append(stream)
+        if len(calls) == 1:
+            raise ConnectionLost("the broker went away during the check")
+        return await real_head(client, stream)
+
+    monkeypatch.setattr(range_reader.probe, "head", flaky_head)
+    with pytest.raises(AmqpSourceError, match=rf"offsets 0 to {first - 1} \({first}\) were removed"):
+        offsets_and_ids(options(amqp_url, s), StreamRange(s, 0, first + 5))
+    assert len(calls) == 2
