@@ -421,26 +421,26 @@ def test_retention_under_a_reader_that_fell_behind_fails_or_is_skipped(amqp_url:
     # RabbitMQ moves a reader whose segments retention deleted to the oldest segment left: a jump in the
     # middle of a range, here past its end. The task must not end the range short without a word.
     s = names.queue("stream")
-    declare_stream(amqp_url, s, **{"x-max-length-bytes": 20_000, "x-stream-max-segment-size-bytes": 4_000})
-    publish(amqp_url, s, 0, 60, size=100)
+    declare_stream(amqp_url, s, **{"x-max-length-bytes": 60_000, "x-stream-max-segment-size-bytes": 4_000})
+    publish(amqp_url, s, 0, 200, size=100)  # a dozen segments: more than the reader can hold open
     opts = options(amqp_url, s, prefetch="5", failOnDataLoss=str(fail_on_data_loss).lower())
-    batches = read_range(opts, StreamRange(s, 0, 60), 5)
+    batches = read_range(opts, StreamRange(s, 0, 200), 5)
     got = next(batches).column("offset").to_pylist()
     assert got[:5] == [0, 1, 2, 3, 4] and len(got) < 20  # a batch may hold what the same callbacks brought
-    published = 60
-    while _head(amqp_url, s) <= 60:  # the task stalls while the stream grows and retention runs
+    published = 200
+    while _head(amqp_url, s) <= 200:  # the task stalls while the stream grows and retention runs
         publish(amqp_url, s, published, 100, size=100)
         published += 100
-        assert published < 3000, "retention never removed the range"
+        assert published < 5000, "retention never removed the range"
     if fail_on_data_loss:
-        with pytest.raises(AmqpSourceError, match=rf"stream '{s}': offsets (\d+) to 59 \(\d+\) were removed .*failOnDataLoss=false"):
+        with pytest.raises(AmqpSourceError, match=rf"stream '{s}': offsets (\d+) to 199 \(\d+\) were removed .*failOnDataLoss=false"):
             for batch in batches:
                 got += batch.column("offset").to_pylist()
     else:
         for batch in batches:
             got += batch.column("offset").to_pylist()
-        assert "to 59" in caplog.text and "skipped (failOnDataLoss=false)" in caplog.text
-    assert got == sorted(set(got)) and got[-1] < 59  # in order, and retention took the range's end
+        assert "to 199" in caplog.text and "skipped (failOnDataLoss=false)" in caplog.text
+    assert got == sorted(set(got)) and got[-1] < 199  # in order, and retention took the range's end
 
 
 def test_a_range_starting_on_the_oldest_segments_tracking_chunk_is_not_data_loss(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
