@@ -426,7 +426,8 @@ def test_retention_under_a_reader_that_fell_behind_fails_or_is_skipped(amqp_url:
     opts = options(amqp_url, s, prefetch="5", failOnDataLoss=str(fail_on_data_loss).lower())
     batches = read_range(opts, StreamRange(s, 0, 200), 5)
     got = next(batches).column("offset").to_pylist()
-    assert got[:5] == [0, 1, 2, 3, 4] and len(got) < 20  # a batch may hold what the same callbacks brought
+    # A batch may hold more than asked for (all that one wake-up of the loop brought): far from the end, though.
+    assert got[:5] == [0, 1, 2, 3, 4] and len(got) < 150
     published = 200
     while _head(amqp_url, s) <= 200:  # the task stalls while the stream grows and retention runs
         publish(amqp_url, s, published, 100, size=100)
