@@ -69,6 +69,10 @@ class StreamPlanner:
         starts = {s: origin.get(s) for s in self.options.streams}
         ends = self.ends()
         for stream in self.options.streams:
+            if ends[stream] == 0:
+                # Empty now: nothing to read. What is written next says whether retention emptied it
+                # (offsets go on from here) or it was deleted and declared again (they start at 0).
+                ends[stream] = starts[stream]
             if ends[stream] < starts[stream]:
                 raise AmqpSourceError(
                     f"stream '{stream}' ends at offset {ends[stream]} but this query has read it up to {starts[stream]}: "
@@ -123,13 +127,24 @@ class StreamPlanner:
         subject = f"stream '{streams[0]}'" if len(streams) == 1 else f"streams {', '.join(streams)}"
         return self.client.run(lambda c: self.tails.ends_of(c, streams), subject)
 
-    def _fixed_start(self, stream: str, end: int) -> int:
+    def _fixed_start(self, stream: str, end: int, moving: bool = False) -> int:
+        """Where a stream starts when that does not move with it; ``UNSET`` (the first batch fixes it) when it does.
+
+        A timestamp with nothing at or after it means "from the end", which moves: like ``next``, the
+        first batch fixes it, so that a replay of that batch after a crash starts at the same place."""
         start = self.options.start_of(stream)
         stamp = self.options.starting_timestamp
         if stamp is not None:
             found = self.client.run(lambda c: probe.offset_at(c, stream, stamp), f"stream '{stream}'")
-            return end if found is None else found
+            if found is not None:
+                return found
+            return end if moving else UNSET
         if isinstance(start, int):
+            if start > end:
+                raise AmqpSourceError(
+                    f"option 'startingOffsets' starts stream '{stream}' at offset {start}, past its end (the next offset "
+                    f"it will write is {end}): give an offset up to {end}, or 'first', 'last' or 'next'"
+                )
             return start
         if start == "first":
             found = self.client.run(lambda c: probe.head(c, stream), f"stream '{stream}'")
@@ -142,4 +157,4 @@ class StreamPlanner:
             return max(0, end - 1)  # from the last message on
         if start == "next":
             return end
-        return self._fixed_start(stream, end)  # a stream added to an existing query
+        return self._fixed_start(stream, end, moving=True)  # a timestamp with nothing after it yet, or a stream new to the query
