@@ -35,6 +35,7 @@ class StreamPlanner:
         self._backlog: dict[str, Any] | None = None
         self._backlog_at = -BACKLOG_INTERVAL
         self.tails = TailWatch()
+        self._dropped: set[str] = set()  # streams of the checkpoint no longer read, already reported
         # PySpark 4.0/4.1 call latestOffset() without the batch's start: the last end this
         # process returned or was handed (a restart begins with partitions(x, x) of the newest
         # logged offset) stands in for it.
@@ -59,6 +60,7 @@ class StreamPlanner:
         return end
 
     def _latest(self, origin: StreamOffset, max_rows: int | None, use_minimum: bool) -> StreamOffset:
+        self._check_dropped(origin)
         unset = [s for s in self.options.streams if origin.get(s) == UNSET]
         if unset:
             # A batch of its own, with no rows: Spark logs it, so a replay starts where this run did.
@@ -85,11 +87,27 @@ class StreamPlanner:
         now = time.monotonic()
         take = self.admission.admit(available, now, max_rows, use_minimum)
         if take == 0:
-            return origin
+            return StreamOffset.of(starts)  # the origin, less any stream no longer read
         if take < available:
             ends = limit_ends(starts, ends, take)
         self.admission.fired(now)
         return StreamOffset.of(ends)
+
+    def _check_dropped(self, origin: StreamOffset) -> None:
+        """A stream the checkpoint reads but the options no longer name: its unread messages would never be
+        read. Data loss, as Kafka treats a partition that is gone."""
+        dropped = {s: n for s, n in origin.positions if s not in self.options.streams and n != UNSET and s not in self._dropped}
+        if not dropped:
+            return
+        where = ", ".join(f"stream '{s}' (read up to offset {n})" for s, n in sorted(dropped.items()))
+        message = (
+            f"this query's checkpoint reads {where}, which the options no longer name (a shorter 'stream' list, or a "
+            "lower 'superStreamPartitions'): what it holds after that offset would never be read"
+        )
+        if self.options.fail_on_data_loss:
+            raise AmqpSourceError(message + "; name it again, or set failOnDataLoss=false to stop reading it")
+        log.warning("AMQP source: %s; no longer read (failOnDataLoss=false)", message)
+        self._dropped.update(dropped)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[StreamRange]:
         first, last = StreamOffset.from_json(start), StreamOffset.from_json(end)

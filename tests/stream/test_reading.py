@@ -500,3 +500,21 @@ def test_a_failed_gap_check_is_not_forgotten(amqp_url: str, names, monkeypatch) 
     with pytest.raises(AmqpSourceError, match=rf"offsets 0 to {first - 1} \({first}\) were removed"):
         offsets_and_ids(options(amqp_url, s), StreamRange(s, 0, first + 5))
     assert len(calls) == 2
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False], ids=["fail", "skip"])
+def test_a_stream_dropped_from_the_options_is_data_loss(amqp_url: str, names, planners, fail_on_data_loss: bool, caplog) -> None:  # type: ignore[no-untyped-def]
+    base = names.queue("super")
+    for i in range(3):
+        names.queues.append(f"{base}-{i}")
+        declare_stream(amqp_url, f"{base}-{i}")
+        publish(amqp_url, f"{base}-{i}", 0, 10)
+    checkpoint = {f"{base}-0": 10, f"{base}-1": 10, f"{base}-2": 4}
+    fewer = {"uri": amqp_url, "superStream": base, "superStreamPartitions": "2", "failOnDataLoss": str(fail_on_data_loss).lower()}
+    p = planner(planners, parse_stream_options(fewer))
+    if fail_on_data_loss:
+        with pytest.raises(AmqpSourceError, match=rf"stream '{base}-2' \(read up to offset 4\).*superStreamPartitions.*failOnDataLoss=false"):
+            p.latest_offset(checkpoint, None, True)
+    else:
+        assert p.latest_offset(checkpoint, None, True) == StreamOffset.of({f"{base}-0": 10, f"{base}-1": 10})
+        assert caplog.text.count(f"stream '{base}-2' (read up to offset 4)") == 1
