@@ -26,6 +26,7 @@ __all__ = [
     "AmqpPublishError",
     "AmqpReplyError",
     "AmqpSourceError",
+    "BrokerUnreachable",
     "CallbackFailed",
     "ConnectionLost",
     "DecodeError",
@@ -53,6 +54,11 @@ class AmqpOptionError(AmqpConnectorError, ValueError):
 
 class AmqpSourceError(AmqpConnectorError):
     """The source cannot consume (missing queue, refused login, fatal channel error)."""
+
+
+class BrokerUnreachable(AmqpSourceError):
+    """A transient fault (connection refused or lost, no answer) that outlasted ``connectionTimeout``:
+    fatal when a query starts, waited out with backoff once it has reached the broker."""
 
 
 class AmqpPublishError(AmqpConnectorError):

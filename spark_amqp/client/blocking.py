@@ -3,7 +3,8 @@
 Spark's source runner calls the reader synchronously; planning a stream batch
 asks the broker a few short questions. This keeps one connection for them,
 opens it on first use and again after it is lost, and retries transient
-failures until ``connectionTimeout`` while a permanent refusal fails at once.
+failures until ``connectionTimeout`` (then ``BrokerUnreachable``: the caller
+decides whether to wait longer) while a permanent refusal fails at once.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from ..errors import AmqpSourceError, ConnectionLost, explain, is_transient
+from ..backoff import Backoff
+from ..errors import AmqpSourceError, BrokerUnreachable, ConnectionLost, explain, is_transient
 from ..options import ConnectionOptions
 from .connection import AmqpClient
 
@@ -24,7 +26,6 @@ __all__ = ["BlockingClient"]
 
 log = logging.getLogger("spark_amqp.client")
 T = TypeVar("T")
-MAX_BACKOFF = 5.0
 
 
 class BlockingClient:
@@ -35,24 +36,27 @@ class BlockingClient:
         self._thread: threading.Thread | None = None
         self._client: AmqpClient | None = None
 
-    def run(self, call: Callable[[AmqpClient], Awaitable[T]], subject: str) -> T:
-        """``call(client)`` on the loop thread; ``subject`` names what is asked about in errors (e.g. "stream 'events'")."""
+    def run(self, call: Callable[[AmqpClient], Awaitable[T]], subject: str, retry_for: float | None = None) -> T:
+        """``call(client)`` on the loop thread; ``subject`` names what is asked about in errors (e.g. "stream 'events'").
+        Transient failures are retried for ``retry_for`` seconds (default ``connectionTimeout``; 0: one attempt)."""
         options = self.options
-        deadline = time.monotonic() + options.connection_timeout
-        backoff = 0.2
+        deadline = time.monotonic() + (options.connection_timeout if retry_for is None else retry_for)
+        backoff = Backoff(cap=5.0)
         while True:
             try:
                 return self._submit(call)
             except Exception as err:
                 self._drop()
-                if is_transient(err) and time.monotonic() + backoff < deadline:
-                    log.warning("AMQP: %s: %s; retrying", subject, err)
-                    time.sleep(backoff)
-                    backoff = min(2 * backoff, MAX_BACKOFF)
-                    continue
                 if isinstance(err, AmqpSourceError):
                     raise
-                raise AmqpSourceError(explain(err, options.display_uri, options.username, options.vhost, subject)) from err
+                explained = explain(err, options.display_uri, options.username, options.vhost, subject)
+                if not is_transient(err):
+                    raise AmqpSourceError(explained) from err
+                delay = backoff.next()
+                if time.monotonic() + delay >= deadline:
+                    raise BrokerUnreachable(explained) from err
+                log.warning("AMQP: %s: %s; retrying", subject, err)
+                time.sleep(delay)
 
     def close(self) -> None:
         loop = self._loop

@@ -12,8 +12,9 @@ import logging
 import time
 from typing import Any
 
+from ..backoff import Backoff
 from ..client.blocking import BlockingClient
-from ..errors import AmqpSourceError
+from ..errors import AmqpSourceError, BrokerUnreachable
 from ..source.admission import Admission
 from ..stream_options import StreamSourceOptions
 from . import probe
@@ -36,6 +37,9 @@ class StreamPlanner:
         self._backlog_at = -BACKLOG_INTERVAL
         self.tails = TailWatch()
         self._dropped: set[str] = set()  # streams of the checkpoint no longer read, already reported
+        self._known: dict[str, int] | None = None  # the last ends measured
+        self._backoff = Backoff()
+        self._retry_at = 0.0
         # PySpark 4.0/4.1 call latestOffset() without the batch's start: the last end this
         # process returned or was handed (a restart begins with partitions(x, x) of the newest
         # logged offset) stands in for it.
@@ -140,10 +144,35 @@ class StreamPlanner:
     # -- the broker --------------------------------------------------------------------
 
     def ends(self) -> dict[str, int]:
-        """Per stream, the offset after its last message (0 for an empty stream)."""
+        """Per stream, the offset after its last message (0 for an empty stream).
+
+        The first answer must come within ``connectionTimeout``: a query that cannot reach the broker
+        when it starts fails. After that an outage is waited out, however long: the last ends stand
+        (no new batch) and the broker is asked again with backoff, with a warning each time."""
         streams = self.options.streams
         subject = f"stream '{streams[0]}'" if len(streams) == 1 else f"streams {', '.join(streams)}"
-        return self.client.run(lambda c: self.tails.ends_of(c, streams), subject)
+        if self._known is not None and time.monotonic() < self._retry_at:
+            return dict(self._known)
+        try:
+            # Once the broker was reached, one attempt per call: Spark's loop goes on while it is away.
+            found = self.client.run(lambda c: self.tails.ends_of(c, streams), subject, None if self._known is None else 0.0)
+        except BrokerUnreachable as err:
+            if self._known is None:
+                raise
+            delay = self._backoff.next()
+            self._retry_at = time.monotonic() + delay
+            log.warning(
+                "AMQP source: %s; no new batch until the broker answers (asking again in %.1fs, attempt %d)",
+                err,
+                delay,
+                self._backoff.failures,
+            )
+            return dict(self._known)
+        if self._backoff.failures:
+            log.warning("AMQP source: the broker answers again after %d failed attempt(s)", self._backoff.failures)
+        self._backoff.reset()
+        self._known = found
+        return dict(found)
 
     def _fixed_start(self, stream: str, end: int, moving: bool = False) -> int:
         """Where a stream starts when that does not move with it; ``UNSET`` (the first batch fixes it) when it does.

@@ -4,7 +4,9 @@ The consumer starts at the range's first offset and gives credit back (acks
 grant credit on a stream; nothing is deleted) as rows come in. It stops at the
 range's last offset and drops whatever a chunk brought beyond it, so a task
 never yields an offset outside its range, and a replay yields the same rows.
-A lost connection resumes after the last offset read.
+A lost connection resumes after the last offset read, with backoff and
+without a deadline once the task has read from the broker: a broker restart
+only delays the task.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import pyarrow as pa
 from pamqp import commands
 
 from .. import framing
+from ..backoff import Backoff
 from ..client import AmqpClient, ClientChannel
-from ..errors import AmqpSourceError, ConnectionLost, explain, is_transient
+from ..errors import AmqpSourceError, ConnectionLost, InternalError, explain, is_transient
 from ..source import arrow
 from ..stream_options import StreamSourceOptions
 from . import probe
@@ -32,7 +35,8 @@ __all__ = ["ACK_SHARE", "BATCH_ROWS", "read_range"]
 log = logging.getLogger("spark_amqp.stream")
 
 BATCH_ROWS = 10_000
-MAX_RESUMES = 5
+# A 541 at one offset this many times in a row is the message, not the broker.
+REFUSALS_AT_ONE_OFFSET = 3
 # Credit goes back every prefetch/ACK_SHARE messages. RabbitMQ 3.10 refills a stream consumer
 # in its channel process with work that grows faster than the ack's size (README, "How a
 # batch is planned and read"): one consumer read 57-63k msg/s acking every 1000 of 2000,
@@ -71,7 +75,8 @@ class _RangeReader:
         self.unacked = 0
         # Every forward jump not yet checked: (first offset skipped, offset delivered next).
         self.gaps: list[tuple[int, int]] = []
-        self.resumes = 0
+        self.backoff = Backoff()
+        self._refused = (-1, 0)  # (offset, how many 541s in a row there)
         self.credit = max(1, min(options.prefetch, part.size))
 
     async def next_rows(self, limit: int) -> list[tuple[bytes, str, str, str, int, Any]]:
@@ -92,15 +97,13 @@ class _RangeReader:
                 if self.failure is not None:
                     raise self.failure
             except asyncio.TimeoutError:
-                # The planner saw offsets up to the range's end; if they never come, the stream was
-                # probably deleted and declared again since.
-                silent = f"no delivery for {timeout:g}s at offset {self.next_offset} (this batch reads up to {self.part.end - 1})"
-                await self._resume(ConnectionLost(silent))
+                await self._silent(timeout)
             except AmqpSourceError:
                 raise
             except Exception as err:
                 if not is_transient(err):
                     raise self._explained(err) from err
+                self._check_repeated_refusal(err)
                 await self._resume(err)
         rows, self.rows = self.rows, []
         return rows
@@ -153,6 +156,8 @@ class _RangeReader:
         if offset < end:
             self.rows.append((body, self.part.stream, exchange, routing_key, offset, props))
             self.next_offset = offset + 1
+            if self.backoff.failures:
+                self.backoff.reset()
         if offset >= end - 1:
             self.done = True
         self.arrived.set()
@@ -182,15 +187,60 @@ class _RangeReader:
                     )
             self.gaps.pop(0)
 
+    async def _silent(self, timeout: float) -> None:
+        """No delivery for ``timeout`` seconds, although the planner saw these offsets: a stalled connection,
+        or a stream deleted and declared again since (its offsets start over). Asking where it ends tells which."""
+        silent = ConnectionLost(f"no delivery for {timeout:g}s at offset {self.next_offset} (this batch reads up to {self.part.end - 1})")
+        unknown = -1
+        last: int | None = unknown
+        if self.client is not None and not self.client.closed.done():
+            try:
+                last = await probe.tail(self.client, self.part.stream)
+            except Exception as err:
+                if not is_transient(err):
+                    raise self._explained(err) from err
+        if last is None or (last != unknown and last < self.next_offset):
+            end = 0 if last is None else last + 1
+            raise AmqpSourceError(
+                f"stream '{self.part.stream}' now ends at offset {end}, but this batch reads it from {self.next_offset} up to "
+                f"{self.part.end - 1}, which it held when the batch was planned: the stream was deleted and declared again "
+                "(or retention removed everything). Start the query with a new checkpointLocation"
+            )
+        await self._resume(silent)
+
+    def _check_repeated_refusal(self, err: BaseException) -> None:
+        """RabbitMQ 4.x closes the connection with 541 when it cannot convert a stream message for AMQP 0-9-1:
+        the same offset fails every time, so retrying without end would hide a permanent fault."""
+        if not isinstance(err, InternalError):
+            self._refused = (-1, 0)
+            return
+        at, times = self._refused
+        times = times + 1 if at == self.next_offset else 1
+        self._refused = (self.next_offset, times)
+        if times >= REFUSALS_AT_ONE_OFFSET:
+            raise AmqpSourceError(
+                f"stream '{self.part.stream}': the broker closed the connection with {err} {times} times when reading offset "
+                f"{self.next_offset}. Most likely the message there is not AMQP 1.0: written by a stream-protocol client in "
+                "binary mode (rstream, for one), which RabbitMQ 4.x cannot convert for an AMQP 0-9-1 consumer (its log says "
+                "primitive_type_unsupported). Read this stream with a stream-protocol client, or write AMQP 1.0 messages"
+            ) from err
+
     async def _resume(self, err: BaseException) -> None:
-        self.resumes += 1
-        if self.resumes > MAX_RESUMES:
-            raise self._explained(err) from err
-        log.warning("AMQP source: reading stream '%s' from offset %d again after: %s", self.part.stream, self.next_offset, err)
+        """Read again after the last offset read, once the backoff's delay has passed. The planner reached the
+        broker before this task was planned, so an outage is waited out, however long, with a warning each time."""
+        delay = self.backoff.next()
+        log.warning(
+            "AMQP source: reading stream '%s' from offset %d again in %.1fs (attempt %d) after: %s",
+            self.part.stream,
+            self.next_offset,
+            delay,
+            self.backoff.failures,
+            err,
+        )
         client, self.client, self.channel = self.client, None, None
         if client is not None:
             client.abort(ConnectionLost("resuming"))
-        await asyncio.sleep(min(0.2 * 2**self.resumes, 5.0))
+        await asyncio.sleep(delay)
 
     def _explained(self, err: BaseException) -> AmqpSourceError:
         c = self.options.connection

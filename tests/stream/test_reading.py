@@ -513,8 +513,81 @@ def test_a_stream_dropped_from_the_options_is_data_loss(amqp_url: str, names, pl
     fewer = {"uri": amqp_url, "superStream": base, "superStreamPartitions": "2", "failOnDataLoss": str(fail_on_data_loss).lower()}
     p = planner(planners, parse_stream_options(fewer))
     if fail_on_data_loss:
-        with pytest.raises(AmqpSourceError, match=rf"stream '{base}-2' \(read up to offset 4\).*superStreamPartitions.*failOnDataLoss=false"):
+        with pytest.raises(
+            AmqpSourceError, match=rf"stream '{base}-2' \(read up to offset 4\).*superStreamPartitions.*failOnDataLoss=false"
+        ):
             p.latest_offset(checkpoint, None, True)
     else:
         assert p.latest_offset(checkpoint, None, True) == StreamOffset.of({f"{base}-0": 10, f"{base}-1": 10})
         assert caplog.text.count(f"stream '{base}-2' (read up to offset 4)") == 1
+
+
+@pytest.mark.embedded_only
+def test_an_outage_longer_than_the_connection_timeout_only_delays_planning_and_reading(embedded, caplog) -> None:  # type: ignore[no-untyped-def]
+    # A broker restart: connections cut, new ones refused for 12 s, six times connectionTimeout. Once the
+    # planner and the task had reached the broker, they wait it out (before: 2 s and about 11 s).
+    s = "outage.stream"
+    declare_stream(embedded.url, s)
+    publish(embedded.url, s, 0, 3000)
+    p = StreamPlanner(options(embedded.url, s, connectionTimeout="2"))
+    try:
+        assert p.ends() == {s: 3000}
+        batches = read_range(options(embedded.url, s, prefetch="100", connectionTimeout="2"), StreamRange(s, 0, 3000), 500)
+        got = list(next(batches).column("offset").to_pylist())
+        embedded.refuse_connections(12.0)
+        embedded.drop_connections()
+        began = time.monotonic()
+        while time.monotonic() - began < 4:  # Spark keeps asking while the broker is away: no new batch, no error
+            assert p.latest_offset({s: 3000}, None, True) == StreamOffset.of({s: 3000})
+            time.sleep(0.2)
+        for batch in batches:
+            got.extend(batch.column("offset").to_pylist())
+        assert got == list(range(3000)) and time.monotonic() - began > 10
+        assert "no new batch until the broker answers" in caplog.text and "again in" in caplog.text
+        publish(embedded.url, s, 3000, 5)
+        assert latest(p, {s: 3000}, {s: 3005})
+    finally:
+        p.close()
+
+
+def test_a_range_whose_stream_was_declared_again_fails_naming_it(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    publish(amqp_url, s, 0, 100)
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    conn.channel().queue_delete(s)
+    conn.close()
+    declare_stream(amqp_url, s)
+    publish(amqp_url, s, 0, 5)
+    started = time.monotonic()
+    with pytest.raises(
+        AmqpSourceError, match=rf"stream '{s}' now ends at offset 5, but this batch reads it from 50 up to 99.*declared again"
+    ):
+        offsets_and_ids(options(amqp_url, s, connectionTimeout="2"), StreamRange(s, 50, 100))
+    assert time.monotonic() - started < 15
+
+
+def test_a_541_at_the_same_offset_is_not_retried_forever(amqp_url: str, names, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # RabbitMQ 4.3 closes the connection with 541 at a message it cannot convert (rstream's binary mode).
+    from spark_amqp.errors import InternalError
+    from spark_amqp.stream import range_reader
+
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    publish(amqp_url, s, 0, 10)
+    real_consume, attempts = probe.consume, []
+
+    async def refused_at_4(channel, stream, tag, offset):  # type: ignore[no-untyped-def]
+        attempts.append(offset)
+        if offset == 4:
+            raise InternalError("INTERNAL_ERROR", on_connection=True)
+        await real_consume(channel, stream, tag, offset)
+
+    monkeypatch.setattr(range_reader.probe, "consume", refused_at_4)
+    with pytest.raises(
+        AmqpSourceError,
+        match=rf"stream '{s}': the broker closed the connection with .*541.* 3 times when reading offset 4.*stream-protocol",
+    ):
+        offsets_and_ids(options(amqp_url, s), StreamRange(s, 4, 10))
+    assert attempts == [4, 4, 4]
+    assert offsets_and_ids(options(amqp_url, s), StreamRange(s, 0, 4)) == [(i, f"m{i}") for i in range(4)]
