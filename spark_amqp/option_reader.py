@@ -14,7 +14,7 @@ from typing import Any
 
 from .errors import AmqpOptionError
 
-__all__ = ["SPARK_KEYS", "OptionReader", "redact_uri", "split_uri"]
+__all__ = ["SPARK_KEYS", "OptionReader", "ambiguity", "redact_uri", "split_uri"]
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h)?")
@@ -154,10 +154,27 @@ def split_uri(uri: str) -> tuple[str, str | None, str]:
     return scheme.lower(), userinfo, address
 
 
+def ambiguity(uri: str) -> str | None:
+    """Why ``uri`` cannot be read one way only, or None. Never guessed: an unencoded '/' in a user name makes
+    the user the host and the password part of the path (shown in every log line); an unencoded '@' in the
+    vhost makes what follows it the host."""
+    _, sep, rest = uri.partition("://")
+    userinfo, at, address = rest.rpartition("@")
+    if not sep or not at:
+        return None
+    if "/" in userinfo.partition(":")[0]:
+        return "a '/' before the last '@' and before any ':'"
+    if "@" in userinfo and "/" not in address:
+        return "an '@' before the last '@', and nothing after the last '@' that looks like host/vhost"
+    return None
+
+
 def redact_uri(uri: str) -> str:
     """A uri as typed by the user, minus any password, for error messages."""
     scheme, userinfo, address = split_uri(uri)
     if userinfo is None:
+        if "@" in uri.partition("://")[2]:
+            return f"{scheme}://… (not shown: it may hold a password)"
         return uri if scheme else "<not a uri>"
     user, has_password, _ = userinfo.partition(":")
     return f"{scheme}://{user}{':***' if has_password else ''}@{address}"

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import AmqpOptionError
-from .option_reader import OptionReader, redact_uri, split_uri
+from .option_reader import OptionReader, ambiguity, redact_uri, split_uri
 
 __all__ = [
     "ConnectionOptions",
@@ -194,6 +194,13 @@ def parse_connection(r: OptionReader) -> ConnectionOptions:
     uri = r.required("uri", "the broker address, e.g. amqp://user@host:5672/vhost (put the password in option 'password')").strip()
     scheme, userinfo, address = split_uri(uri)
     shown = redact_uri(uri)
+    unclear = ambiguity(uri)
+    if unclear is not None:
+        raise AmqpOptionError(
+            f"option 'uri' can be read more than one way ({unclear}): percent-encode '/' in the user name as %2F, '@' in "
+            "the password as %40 (or pass it in option 'password') and '@' in the vhost as %40, e.g. "
+            "amqp://team%2Fetl@rabbit/prod with option 'password'"
+        )
     if scheme not in ("amqp", "amqps"):
         raise AmqpOptionError(f"option 'uri' must start with amqp:// or amqps://, got {shown}")
     try:

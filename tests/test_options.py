@@ -149,3 +149,22 @@ def test_a_password_with_uri_delimiters_parses_and_never_shows(password: str) ->
     with pytest.raises(AmqpOptionError) as info:
         parse_source_options({"uri": f"amqp://alice:{password}@rabbit:bad/prod", "queue": "q"})
     assert password not in str(info.value) and "alice:***@rabbit:bad/prod" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "amqp://team/etl:s3cret-pw@rabbit/prod",  # was: host 'team', user 'guest', the password in the vhost and every log line
+        "amqp://team/etl@rabbit/prod",
+        "amqp://alice:s3cret-pw@rabbit/v@x",  # was: host 'x'
+        "amqp://rabbit/v@x",
+    ],
+)
+def test_an_ambiguous_uri_is_refused_with_how_to_encode_it(uri: str) -> None:
+    with pytest.raises(AmqpOptionError) as info:
+        parse_source_options({"uri": uri, "queue": "q"})
+    message = str(info.value)
+    assert "can be read more than one way" in message and "%2F" in message and "%40" in message
+    assert "s3cret-pw" not in message
+    encoded = parse_source_options({"uri": "amqp://team%2Fetl:s3cret-pw@rabbit/v%40x", "queue": "q"}).connection
+    assert (encoded.username, encoded.password, encoded.host, encoded.vhost) == ("team/etl", "s3cret-pw", "rabbit", "v@x")

@@ -3,8 +3,8 @@
 Input columns: ``body`` (binary or string, required); optional ``routing_key``,
 ``exchange``, ``headers`` (a map with string keys) and the property columns of
 the source schema. Columns only the source produces (``queue``,
-``delivery_tag``, ``redelivered``) are ignored, so a DataFrame read from a queue
-can be written back as it is. Any other column is an error, to catch typos.
+``delivery_tag``, ``redelivered``, ``raw_header``, stream mode's ``offset``) are
+ignored, so a DataFrame read from a queue or a stream can be written back as it is. Any other column is an error, to catch typos.
 
 The schema is checked on the driver before any task runs; values (null bodies,
 routing keys over 255 bytes, oversized messages) are checked for a whole Arrow
@@ -28,7 +28,10 @@ from ..options import MAX_MESSAGE_SIZE_3X, MAX_MESSAGE_SIZE_4X, SinkOptions
 from ..property_columns import INT_PROPERTIES as INT_PROPERTY_COLUMNS
 from ..property_columns import STRING_PROPERTIES as STRING_PROPERTY_COLUMNS
 
-SOURCE_ONLY_COLUMNS = ("queue", "delivery_tag", "redelivered", "raw_header")
+SOURCE_ONLY_COLUMNS = ("queue", "delivery_tag", "redelivered", "raw_header", "offset")
+# Encoded exchange names and routing keys kept between batches. Keys can be unique per row (a
+# consistent-hash exchange keyed by order id: 174 MiB per million), so the cache starts over past this.
+SHORTSTR_CACHE_MAX = 10_000
 ACCEPTED = ("body", "routing_key", "exchange", "headers", *STRING_PROPERTY_COLUMNS, *INT_PROPERTY_COLUMNS, "timestamp")
 HEADER_VALUE_TYPES = ("string", "binary", "boolean", "byte", "short", "integer", "long", "float", "double", "timestamp", "decimal")
 
@@ -126,6 +129,8 @@ class MessageBuilder:
         props = self._property_rows(columns, n)
         self.position += n
         cache = self._shortstr_cache
+        if len(cache) > SHORTSTR_CACHE_MAX:
+            cache.clear()
         for i in range(n):
             key = keys[i]
             exchange_name = exchanges[i]

@@ -68,7 +68,8 @@ class ChannelPolicy:
             return False
         if isinstance(reason, OtherConsumers):
             return True
-        return isinstance(reason, AccessRefused | ResourceLocked) and reason.method == "Basic.Consume"
+        # Worded from the reply: RabbitMQ says "in exclusive use"; a revoked read permission is a 403 too.
+        return isinstance(reason, AccessRefused | ResourceLocked) and reason.method == "Basic.Consume" and "exclusive" in reason.text
 
     def _exclusive_conflict_is_transient(self, queue: str) -> bool:
         """After a reconnect, the broker may still hold our previous consumer until it notices the old connection is dead."""

@@ -49,3 +49,26 @@ def test_rows_are_chunked_into_batches() -> None:
     batches = list(_rows_to_batches(iter(rows), arrow_schema(SCHEMA), chunk=4))
     assert [b.num_rows for b in batches] == [4, 4, 2]
     assert batches[0].schema == arrow_schema(SCHEMA)
+
+
+def test_a_dataframe_read_from_a_stream_is_accepted_as_it_is() -> None:
+    from pyspark.sql.types import LongType
+
+    from spark_amqp.sink.columns import check_schema
+    from spark_amqp.source.arrow import STREAM_SCHEMA_DDL
+
+    check_schema(StructType([StructField("body", BinaryType()), StructField("offset", LongType()), StructField("queue", StringType())]))
+    assert "offset BIGINT" in STREAM_SCHEMA_DDL  # the column stream mode adds, which the sink ignores
+
+
+def test_the_routing_key_cache_stays_bounded_with_a_key_per_row() -> None:
+    import pyarrow as pa
+
+    from spark_amqp.sink.columns import SHORTSTR_CACHE_MAX
+
+    builder = MessageBuilder(parse_sink_options({"uri": "amqp://h/"}))
+    for start in range(0, 5 * SHORTSTR_CACHE_MAX, 5000):
+        keys = [f"order-{i}" for i in range(start, start + 5000)]
+        batch = pa.RecordBatch.from_pydict({"body": [b"x"] * len(keys), "routing_key": keys})
+        assert [m.routing_key[1:].decode() for m in builder.messages(batch)] == keys
+        assert len(builder._shortstr_cache) <= SHORTSTR_CACHE_MAX + 5000
