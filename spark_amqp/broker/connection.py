@@ -201,6 +201,8 @@ class BrokerConnection(HandshakeMethods, asyncio.Protocol):
                 raise errors.NotAllowed(f"vhost {method.virtual_host} not found", 10, 40)
             self.state = "running"
             self.send_method(0, C.OpenOk())
+            if self.server.faults.alarm is not None and self.client_capability("connection.blocked"):
+                self.send_method(0, C.Blocked(reason=self.server.faults.alarm))
         elif isinstance(method, C.Close):
             self.ended = "closed by client"
             self.send_method(0, C.CloseOk())

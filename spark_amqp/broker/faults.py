@@ -11,6 +11,7 @@ class Faults:
         self.confirms_held = False
         self.refuse_until = 0.0
         self.stall_open = False  # log clients in but never answer connection.open
+        self.alarm: str | None = None  # a memory or disk alarm: publishers blocked, their confirms held
 
     def take_publish_nack(self) -> bool:
         if self.nack_publishes > 0:

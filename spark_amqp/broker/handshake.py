@@ -38,7 +38,7 @@ def server_properties() -> dict[str, Any]:
             "exchange_exchange_bindings": True,
             "per_consumer_qos": True,
             "authentication_failure_close": True,
-            "connection.blocked": False,
+            "connection.blocked": True,
         },
     }
 

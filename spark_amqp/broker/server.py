@@ -10,6 +10,8 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from pamqp import commands
+
 from .. import errors
 from . import timeouts
 from .connection import BrokerConnection
@@ -240,6 +242,29 @@ class EmbeddedBroker:
 
     def release_confirms(self) -> None:
         self.call(_release)
+
+    def raise_alarm(self, reason: str = "low on memory") -> None:
+        """A memory or disk alarm, as RabbitMQ raises one: ``connection.blocked`` to every client that takes it
+        (now and on connecting), and no publish confirmed until ``clear_alarm``."""
+
+        def apply(s: BrokerServer) -> None:
+            s.faults.alarm = reason
+            s.faults.confirms_held = True
+            for conn in s.connections:
+                if conn.state == "running" and conn.client_capability("connection.blocked"):
+                    conn.send_method(0, commands.Connection.Blocked(reason=reason))
+
+        self.call(apply)
+
+    def clear_alarm(self) -> None:
+        def apply(s: BrokerServer) -> None:
+            s.faults.alarm = None
+            _release(s)
+            for conn in s.connections:
+                if conn.state == "running" and conn.client_capability("connection.blocked"):
+                    conn.send_method(0, commands.Connection.Unblocked())
+
+        self.call(apply)
 
     def drop_connections(self, count: int | None = None, name_contains: str | None = None) -> int:
         """Abruptly cut ``count`` client connections (all when None), optionally only those whose

@@ -84,6 +84,10 @@ class AmqpClient(asyncio.Protocol):
         self.server_version: tuple[int, int] | None = None  # the broker's (major, minor), when it says
         self._tail = b""  # the start of a frame not yet whole
         self._opened: asyncio.Future[None] = loop.create_future()
+        # connection.blocked: why the broker stops reading what we publish (a memory or disk alarm).
+        self.blocked: str | None = None
+        self.unblocked = asyncio.Event()
+        self.unblocked.set()
         self._next_channel = 1
         self._last_recv = 0.0
         self._timer: asyncio.TimerHandle | None = None
@@ -215,6 +219,12 @@ class AmqpClient(asyncio.Protocol):
             self._lost(reply_error(code, method.reply_text or "", method.class_id or 0, method.method_id or 0, on_connection=True))
         elif isinstance(method, C.CloseOk):
             self._lost(ConnectionLost("closed"))
+        elif isinstance(method, C.Blocked):
+            self.blocked = method.reason or "no reason given"
+            self.unblocked.clear()
+        elif isinstance(method, C.Unblocked):
+            self.blocked = None
+            self.unblocked.set()
 
     def _heartbeat(self) -> None:
         if self.transport is None or self.transport.is_closing():

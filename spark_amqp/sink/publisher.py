@@ -134,8 +134,10 @@ class PartitionPublisher:
             last: Outgoing | None = None
             for messages in batches:
                 for message in messages:
+                    if client.blocked is not None:
+                        await self._wait_while_blocked(client, window, message)
                     if not await window.wait_for_room(opts.confirm_timeout, failed):
-                        raise self._timeout(window, message)
+                        raise self._timeout(window, message, client.blocked)
                     self._raise_if_failed(failed, window, message)
                     channel.publish(message.exchange, message.routing_key, opts.mandatory, message.header, message.body)
                     window.sent()
@@ -144,7 +146,7 @@ class PartitionPublisher:
                         await asyncio.sleep(0)
                     self._raise_if_broken(window, message)
             if window.outstanding and not await window.wait_until_all_answered(opts.confirm_timeout, failed):
-                raise self._timeout(window, last)
+                raise self._timeout(window, last, client.blocked)
             self._raise_if_failed(failed, window, last)
             if last is not None:
                 self._raise_if_broken(window, last)
@@ -212,7 +214,29 @@ class PartitionPublisher:
             f"({window.acked} confirmed so far); the task fails so that Spark retries it"
         )
 
-    def _timeout(self, window: ConfirmWindow, message: Outgoing | None) -> AmqpPublishError:
+    async def _wait_while_blocked(self, client: AmqpClient, window: ConfirmWindow, message: Outgoing) -> None:
+        """connection.blocked: RabbitMQ stops reading from a publisher under a memory or disk alarm. Publish
+        nothing more until it unblocks, for up to confirmTimeout, then fail saying why."""
+        reason = client.blocked
+        log.warning(
+            "AMQP sink: the broker blocked publishing (%s: a memory or disk alarm); waiting up to confirmTimeout=%gs",
+            reason,
+            self.options.confirm_timeout,
+        )
+        try:
+            await asyncio.wait_for(client.unblocked.wait(), self.options.confirm_timeout)
+        except asyncio.TimeoutError:
+            raise self._timeout(window, message, reason) from None
+        log.warning("AMQP sink: the broker unblocked publishing")
+
+    def _timeout(self, window: ConfirmWindow, message: Outgoing | None, blocked: str | None = None) -> AmqpPublishError:
+        if blocked is not None:
+            return AmqpPublishError(
+                f"the broker blocked publishing (memory or disk alarm: {blocked}) for longer than confirmTimeout="
+                f"{self.options.confirm_timeout:g}s; {window.outstanding} of {window.published} messages published to "
+                f"{_target(self.options, message)} are not confirmed and nothing more was sent. The task fails so that Spark "
+                "retries it; free memory or disk on the broker (rabbitmq-diagnostics alarms shows which)"
+            )
         return AmqpPublishError(
             f"{window.outstanding} of {window.published} messages published to {_target(self.options, message)} "
             f"got no confirm within confirmTimeout={self.options.confirm_timeout:g}s; the task fails so that Spark retries it"

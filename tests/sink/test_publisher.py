@@ -112,6 +112,26 @@ def test_confirm_timeout(embedded: EmbeddedBroker) -> None:
         embedded.release_confirms()
 
 
+def test_a_blocked_connection_publishes_nothing_and_fails_saying_why(embedded: EmbeddedBroker) -> None:
+    # A memory or disk alarm: RabbitMQ sends connection.blocked and stops reading from publishers.
+    _declare(embedded.url, "q")
+    embedded.raise_alarm("low on disk")
+    try:
+        with pytest.raises(AmqpPublishError, match=r"the broker blocked publishing \(memory or disk alarm: low on disk\)"):
+            _publish(embedded.url, {"body": [b"x"] * 50}, routingKey="q", confirmTimeout="1")
+    finally:
+        embedded.clear_alarm()
+    assert embedded.queue_stats("q")["ready"] == 0  # nothing was written while blocked
+
+
+def test_publishing_goes_on_once_the_broker_unblocks(embedded: EmbeddedBroker) -> None:
+    _declare(embedded.url, "q")
+    embedded.raise_alarm("low on memory")
+    threading.Timer(0.5, embedded.clear_alarm).start()
+    result = _publish(embedded.url, {"body": [b"x"] * 50}, routingKey="q", confirmTimeout="10")
+    assert result.confirmed == 50 and embedded.queue_stats("q")["ready"] == 50
+
+
 def test_connection_dropped_mid_publish_fails(embedded: EmbeddedBroker) -> None:
     _declare(embedded.url, "q")
     embedded.hold_confirms()
