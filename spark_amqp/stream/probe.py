@@ -78,8 +78,9 @@ async def offset_at(client: AmqpClient, stream: str, epoch_ms: int) -> int | Non
     return offsets[0] if offsets else None
 
 
-async def consume(channel: ClientChannel, stream: str, tag: str, offset: Any) -> None:
-    """basic.consume from ``offset`` (basic.qos must come first: streams require a prefetch)."""
+async def consume(channel: ClientChannel, stream: str, tag: str, offset: Any, prefetch: int) -> None:
+    """basic.qos, then basic.consume from ``offset``: a stream refuses a consumer without a prefetch."""
+    await channel.rpc(framing.build(commands.Basic.Qos, prefetch_count=prefetch))
     try:
         await channel.rpc(framing.build(commands.Basic.Consume, queue=stream, consumer_tag=tag, arguments={"x-stream-offset": offset}))
     except PreconditionFailed as err:
@@ -95,8 +96,7 @@ async def is_stream(client: AmqpClient, queue: str) -> bool:
     channel = await client.channel()
     tag = f"spark-amqp-type-{next(_tags)}"
     try:
-        await channel.rpc(framing.build(commands.Basic.Qos, prefetch_count=1))
-        await consume(channel, queue, tag, "next")
+        await consume(channel, queue, tag, "next", 1)
     except AmqpSourceError:  # not_a_stream: the broker refused the argument
         return False
     except AmqpReplyError:  # 404, 403, 405: the caller's own declare or consume reports it
@@ -129,8 +129,7 @@ async def _probe(client: AmqpClient, stream: str, spec: Any, prefetch: int, to_t
     qos = framing.build(commands.Basic.Qos, prefetch_count=prefetch)
     try:
         declared = await channel.rpc(framing.build(commands.Queue.Declare, queue=stream, passive=True))
-        await channel.rpc(qos)
-        await consume(channel, stream, tag, spec)
+        await consume(channel, stream, tag, spec, prefetch)
         patience = client.options.connection_timeout if declared.message_count else EMPTY_WAIT
         try:
             await asyncio.wait_for(arrived.wait(), patience)

@@ -18,9 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
-from pamqp import commands
 
-from .. import framing
 from ..backoff import Backoff
 from ..client import AmqpClient, ClientChannel
 from ..errors import AmqpSourceError, ConnectionLost, InternalError, explain, is_transient
@@ -122,8 +120,7 @@ class _RangeReader:
         self.failure, self.unacked = None, 0
         channel.on_delivery = self._on_delivery
         channel.closed.add_done_callback(self._on_closed)
-        await channel.rpc(framing.build(commands.Basic.Qos, prefetch_count=self.credit))
-        await probe.consume(channel, self.part.stream, f"spark-amqp-range-{next(_tags)}", self.next_offset)
+        await probe.consume(channel, self.part.stream, f"spark-amqp-range-{next(_tags)}", self.next_offset, self.credit)
 
     def _on_closed(self, closed: asyncio.Future[Any]) -> None:
         reason = closed.result()

@@ -21,9 +21,6 @@ import itertools
 import time
 from collections.abc import Sequence
 
-from pamqp import commands
-
-from .. import framing
 from ..client import AmqpClient, ClientChannel
 from . import probe
 
@@ -73,6 +70,5 @@ class TailWatch:
 
         channel.on_delivery = on_delivery
         channel.on_cancel = on_delivery  # deleted, or its member went: measuring again finds out which
-        await channel.rpc(framing.build(commands.Basic.Qos, prefetch_count=1))
-        await probe.consume(channel, stream, f"spark-amqp-watch-{next(_tags)}", "next")
+        await probe.consume(channel, stream, f"spark-amqp-watch-{next(_tags)}", "next", 1)
         return channel

@@ -32,6 +32,12 @@ def declare_stream(url: str, name: str, **arguments: object) -> None:
     conn.close()
 
 
+def delete_queue(url: str, name: str) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    conn.channel().queue_delete(name)
+    conn.close()
+
+
 def publish(url: str, stream: str, first: int, count: int, size: int = 0) -> None:
     """Messages ``m<first>`` ... with bodies ``b<i>`` (padded to ``size``), all confirmed."""
     conn = pika.BlockingConnection(pika.URLParameters(url))
@@ -411,9 +417,7 @@ def test_a_deleted_stream_fails_the_query_instead_of_stalling(amqp_url: str, nam
     publish(amqp_url, s, 0, 20)
     p = planner(planners, options(amqp_url, s))
     assert p.latest_offset({s: 20}, None, True) == StreamOffset.of({s: 20})
-    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
-    conn.channel().queue_delete(s)
-    conn.close()
+    delete_queue(amqp_url, s)
     if again:
         declare_stream(amqp_url, s)
         publish(amqp_url, s, 0, 5)
@@ -554,9 +558,7 @@ def test_a_range_whose_stream_was_declared_again_fails_naming_it(amqp_url: str, 
     s = names.queue("stream")
     declare_stream(amqp_url, s)
     publish(amqp_url, s, 0, 100)
-    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
-    conn.channel().queue_delete(s)
-    conn.close()
+    delete_queue(amqp_url, s)
     declare_stream(amqp_url, s)
     publish(amqp_url, s, 0, 5)
     started = time.monotonic()
@@ -577,11 +579,11 @@ def test_a_541_at_the_same_offset_is_not_retried_forever(amqp_url: str, names, m
     publish(amqp_url, s, 0, 10)
     real_consume, attempts = probe.consume, []
 
-    async def refused_at_4(channel, stream, tag, offset):  # type: ignore[no-untyped-def]
+    async def refused_at_4(channel, stream, tag, offset, prefetch):  # type: ignore[no-untyped-def]
         attempts.append(offset)
         if offset == 4:
             raise InternalError("INTERNAL_ERROR", on_connection=True)
-        await real_consume(channel, stream, tag, offset)
+        await real_consume(channel, stream, tag, offset, prefetch)
 
     monkeypatch.setattr(range_reader.probe, "consume", refused_at_4)
     with pytest.raises(
