@@ -58,7 +58,7 @@ import pika
 import pika_baseline as pb
 from spark_runs import BatchLog, run_to_end, spark_session
 
-from spark_amqp.stream.range_reader import ACK_SHARE
+from spark_amqp.streams.range_reader import ACK_SHARE
 
 BODY = b"x" * 200
 REPO = Path(__file__).resolve().parent.parent

@@ -6,8 +6,8 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, DataSourc
 from pyspark.sql.types import StructType
 
 from .options import SinkOptions, SourceOptions, parse_sink_options, parse_source_options
-from .source.arrow import SCHEMA_DDL, STREAM_SCHEMA_DDL
-from .stream_options import StreamSourceOptions, is_stream_mode, parse_stream_options
+from .reading.arrow import SCHEMA_DDL, STREAM_SCHEMA_DDL
+from .streams.options import StreamSourceOptions, is_stream_mode, parse_stream_options
 
 __all__ = ["AmqpDataSource"]
 
@@ -64,9 +64,9 @@ class AmqpDataSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         options = self.source_options()
         if isinstance(options, StreamSourceOptions):
-            from .stream.reader import StreamQueueReader
+            from .streams.reader import StreamReader
 
-            return StreamQueueReader(options)
-        from .source.reader import AmqpStreamReader
+            return StreamReader(options)
+        from .queues.reader import QueueReader
 
-        return AmqpStreamReader(options)
+        return QueueReader(options)

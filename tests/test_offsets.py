@@ -5,7 +5,7 @@ import json
 import pytest
 
 from spark_amqp.errors import AmqpSourceError
-from spark_amqp.offsets import AmqpSourceOffset, QueuePosition
+from spark_amqp.queues.offset import AmqpSourceOffset, QueuePosition
 
 
 def test_json_round_trip_is_canonical() -> None:

@@ -54,8 +54,8 @@ def test_rows_are_chunked_into_batches() -> None:
 def test_a_dataframe_read_from_a_stream_is_accepted_as_it_is() -> None:
     from pyspark.sql.types import LongType
 
+    from spark_amqp.reading.arrow import STREAM_SCHEMA_DDL
     from spark_amqp.sink.columns import check_schema
-    from spark_amqp.source.arrow import STREAM_SCHEMA_DDL
 
     check_schema(StructType([StructField("body", BinaryType()), StructField("offset", LongType()), StructField("queue", StringType())]))
     assert "offset BIGINT" in STREAM_SCHEMA_DDL  # the column stream mode adds, which the sink ignores

@@ -12,7 +12,7 @@ import pika
 import pytest
 
 from spark_amqp.broker import EmbeddedBroker
-from spark_amqp.source.arrow import SCHEMA_DDL
+from spark_amqp.reading.arrow import SCHEMA_DDL
 
 from ..broker.helpers import wait_for
 from ..brokers import counts, publish

@@ -15,11 +15,11 @@ import pyspark
 import pytest
 from pyspark.sql import functions as F
 
-from spark_amqp.stream.planner import StreamPlanner
-from spark_amqp.stream.ranges import StreamRange
+from spark_amqp.streams.planner import StreamPlanner
+from spark_amqp.streams.ranges import StreamRange
 
 from ..broker.helpers import wait_for
-from ..stream.test_reading import declare_stream, offsets_and_ids, options, publish
+from ..streams.test_reading import declare_stream, offsets_and_ids, options, publish
 
 pytestmark = [pytest.mark.spark, pytest.mark.streams]
 PYSPARK_42 = tuple(int(p) for p in pyspark.__version__.split(".")[:2]) >= (4, 2)

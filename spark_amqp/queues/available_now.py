@@ -1,0 +1,89 @@
+"""``Trigger.AvailableNow`` for queues: what a run reads, and when a queue has given it all.
+
+The target is what each queue held when the run started (a passive declare)
+plus what the source had already received. A queue whose messages run out
+before its target (another consumer took some, a TTL expired them) is
+finished once the broker reports it empty and nothing of it is buffered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+
+from ..client import AmqpClient, queue_depths
+from ..errors import AmqpSourceError, explain, is_transient
+from ..options import ConnectionOptions
+
+log = logging.getLogger("spark_amqp.queues")
+
+IDLE_RECHECK_SECONDS = 0.5
+
+
+def measure_depths(connection: ConnectionOptions, client_name: str, queues: Sequence[str]) -> dict[str, int]:
+    """Ready messages per queue, on a connection of its own; transient failures are retried for up to connectionTimeout."""
+
+    async def measure() -> dict[str, int]:
+        client = await AmqpClient.connect(connection, client_name)
+        try:
+            return await queue_depths(client, tuple(queues))
+        finally:
+            await client.close()
+
+    deadline = time.monotonic() + connection.connection_timeout
+    backoff = 0.2
+    while True:
+        try:
+            return asyncio.run(measure())
+        except Exception as err:
+            if is_transient(err) and time.monotonic() + backoff < deadline:
+                log.warning("AMQP source: cannot measure queue depths (%s); retrying", err)
+                time.sleep(backoff)
+                backoff = min(2 * backoff, 5.0)
+                continue
+            subject = f"queue '{queues[0]}'" if len(queues) == 1 else f"queues {', '.join(queues)}"
+            raise AmqpSourceError(explain(err, connection.display_uri, connection.username, connection.vhost, subject)) from err
+
+
+class AvailableNow:
+    """Per queue, how many more messages this run takes."""
+
+    def __init__(self, targets: dict[str, int], connection: ConnectionOptions, client_name: str) -> None:
+        self.left = dict(targets)
+        self.connection = connection
+        self.client_name = client_name
+        self._idle_since: float | None = None
+
+    @property
+    def reached(self) -> bool:
+        return not any(self.left.values())
+
+    def take(self, queue: str) -> bool:
+        """Whether one more message of ``queue`` belongs to this run (then it is counted)."""
+        if self.left.get(queue, 0) > 0:
+            self.left[queue] -= 1
+            return True
+        return False
+
+    def give_back(self, queue: str) -> None:
+        """A message counted by ``take`` is not in a batch after all."""
+        self.left[queue] += 1
+
+    def check_drained(self, buffered: set[str]) -> None:
+        """Finish queues that are empty on the broker and here, at most every IDLE_RECHECK_SECONDS of idling."""
+        waiting = [q for q, n in self.left.items() if n > 0]
+        if not waiting:
+            return
+        now = time.monotonic()
+        if self._idle_since is None:
+            self._idle_since = now
+            return
+        if now - self._idle_since < IDLE_RECHECK_SECONDS:
+            return
+        self._idle_since = now
+        for queue, depth in measure_depths(self.connection, self.client_name, waiting).items():
+            if depth == 0 and queue not in buffered:
+                log.info("AMQP source: queue '%s' drained before its AvailableNow target; finishing it", queue)
+                self.left[queue] = 0

@@ -1,0 +1,183 @@
+"""The source's fixed schema, and deliveries to Arrow record batches and back.
+
+Header values become strings (the ``headers`` column is map<string,string>):
+
+- strings as they are; booleans ``true``/``false``; numbers and decimals with ``str()``;
+- timestamps as ISO-8601 in UTC (``2024-01-02T03:04:05+00:00``);
+- bytes as UTF-8 text when they decode, otherwise ``base64:`` followed by base64;
+- nested tables and arrays as JSON, their values rendered by the same rules;
+- a void (null) value as a null map value.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import decimal
+import json
+import operator
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from ..property_columns import STRING_PROPERTIES
+
+if TYPE_CHECKING:  # queue mode's rows, typed only: this layer sits below both modes
+    from ..queues.inbox import Delivery
+
+_PROPERTIES_DDL = (
+    ", ".join(f"{p} STRING" for p in STRING_PROPERTIES)
+    + ", priority INT, delivery_mode INT, timestamp TIMESTAMP, headers MAP<STRING, STRING>, raw_header BINARY"
+)
+SCHEMA_DDL = "body BINARY, queue STRING, exchange STRING, routing_key STRING, delivery_tag BIGINT, redelivered BOOLEAN, " + _PROPERTIES_DDL
+# Stream mode: a stream position instead of a delivery tag, and no redeliveries.
+STREAM_SCHEMA_DDL = "body BINARY, queue STRING, exchange STRING, routing_key STRING, offset BIGINT, " + _PROPERTIES_DDL
+
+HEADERS_TYPE = pa.map_(pa.string(), pa.string())
+_PROPERTY_SCHEMA = [
+    *[(p, pa.string()) for p in STRING_PROPERTIES],
+    ("priority", pa.int32()),
+    ("delivery_mode", pa.int32()),
+    ("timestamp", pa.timestamp("us", tz="UTC")),
+    ("headers", HEADERS_TYPE),
+    ("raw_header", pa.binary()),
+]
+_ROUTING_SCHEMA = [("body", pa.binary()), ("queue", pa.string()), ("exchange", pa.string()), ("routing_key", pa.string())]
+ARROW_SCHEMA = pa.schema([*_ROUTING_SCHEMA, ("delivery_tag", pa.int64()), ("redelivered", pa.bool_()), *_PROPERTY_SCHEMA])
+STREAM_ARROW_SCHEMA = pa.schema([*_ROUTING_SCHEMA, ("offset", pa.int64()), *_PROPERTY_SCHEMA])
+
+
+def render_header(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float, decimal.Decimal)):
+        return str(value)
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=datetime.timezone.utc)
+        return str(value.astimezone(datetime.timezone.utc).isoformat())
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            return "base64:" + base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, (dict, list)):
+        return json.dumps(_jsonable(value), separators=(",", ":"), ensure_ascii=False)
+    return str(value)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return render_header(value)
+
+
+PROPERTY_FIELDS = (*STRING_PROPERTIES, "priority", "delivery_mode", "timestamp", "headers")
+_PROPERTY_GETTER = operator.attrgetter(*PROPERTY_FIELDS)
+
+
+def _property_rows(props: Sequence[Any]) -> Iterator[tuple[Any, ...]]:
+    # LazyProperties know their values without thirteen attribute look-ups;
+    # other property objects (pika's, in tests) have no raw header to keep.
+    if props and hasattr(props[0], "arrow_row"):
+        return (p.arrow_row() for p in props)
+    return ((*_PROPERTY_GETTER(p), None) for p in props)
+
+
+def to_record_batch(rows: Sequence[Delivery]) -> pa.RecordBatch:
+    # A Delivery is a tuple: zip transposes the rows in C. Most properties are
+    # absent, and an all-null column costs nothing to build.
+    _, queues, tags, redelivered, exchanges, keys, props, bodies = zip(*rows, strict=True)
+    columns = [
+        *_routing_arrays(bodies, queues, exchanges, keys),
+        pa.array(tags, pa.int64()),
+        pa.array(redelivered, pa.bool_()),
+        *_property_arrays(props),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+
+
+def to_stream_batch(rows: Sequence[tuple[bytes, str, str, str, int, Any]]) -> pa.RecordBatch:
+    """Stream mode: rows of (body, stream, exchange, routing key, offset, properties)."""
+    bodies, streams, exchanges, keys, offsets, props = zip(*rows, strict=True)
+    columns = [*_routing_arrays(bodies, streams, exchanges, keys), pa.array(offsets, pa.int64()), *_property_arrays(props)]
+    return pa.RecordBatch.from_arrays(columns, schema=STREAM_ARROW_SCHEMA)
+
+
+def _routing_arrays(bodies: Sequence[bytes], queues: Sequence[str], exchanges: Sequence[str], keys: Sequence[str]) -> list[pa.Array]:
+    return [pa.array(bodies, pa.binary()), pa.array(queues, pa.string()), pa.array(exchanges, pa.string()), pa.array(keys, pa.string())]
+
+
+def _property_arrays(props: Sequence[Any]) -> list[pa.Array]:
+    n = len(props)
+    same = _shared_properties(props)
+    if same is not None:  # every message carries the same properties (often none): decode them once
+        rows: Any = [same] if n else []
+        columns = _property_columns(rows, 1)
+        return [c if n == 1 else pa.repeat(c[0], n) if c.null_count == 0 else pa.nulls(n, c.type) for c in columns]
+    return _property_columns(list(_property_rows(props)), n)
+
+
+def _shared_properties(props: Sequence[Any]) -> tuple[Any, ...] | None:
+    """The property values of every message, when all have the same encoded properties; else None."""
+    if not props or not hasattr(props[0], "arrow_row"):
+        return None
+    first = props[0].header[12:]  # the property flags and values, after class, weight and body size
+    for p in props:
+        if p.header[12:] != first:
+            return None
+    values = tuple(props[0].arrow_row())
+    return values if values[-1] is None else None  # an undecodable header is kept per message, body size and all
+
+
+def _property_columns(rows: Sequence[tuple[Any, ...]], n: int) -> list[pa.Array]:
+    *strings, priorities, modes, timestamps, headers, raw_headers = zip(*rows, strict=True)
+    return [
+        *[_column(values, pa.string(), n) for values in strings],
+        _column(priorities, pa.int32(), n),
+        _column(modes, pa.int32(), n),
+        _timestamps(timestamps, n),
+        _headers(headers, n),
+        _column(raw_headers, pa.binary(), n),
+    ]
+
+
+def _column(values: Sequence[Any], kind: pa.DataType, n: int) -> pa.Array:
+    if values.count(None) == n:
+        return pa.nulls(n, kind)
+    return pa.array(values, kind)
+
+
+def _timestamps(values: Sequence[int | None], n: int) -> pa.Array:
+    kind = pa.timestamp("us", tz="UTC")
+    if values.count(None) == n:
+        return pa.nulls(n, kind)
+    return pa.array([None if t is None else t * 1_000_000 for t in values], pa.int64()).cast(kind)
+
+
+def _headers(values: Sequence[dict[str, Any] | None], n: int) -> pa.Array:
+    if values.count(None) == n:
+        return pa.nulls(n, HEADERS_TYPE)
+    rendered = [None if h is None else [(str(k), render_header(v)) for k, v in h.items()] for h in values]
+    return pa.array(rendered, HEADERS_TYPE)
+
+
+def to_ipc(batch: pa.RecordBatch) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, ARROW_SCHEMA) as writer:
+        writer.write_batch(batch)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def from_ipc(data: bytes) -> Iterator[pa.RecordBatch]:
+    reader = pa.ipc.open_stream(pa.py_buffer(data))
+    yield from reader

@@ -1,0 +1,207 @@
+"""``StreamPlanner``: stream mode's state in Spark's source-runner process, on the driver.
+
+It asks the broker where each stream ends (``probe``), decides how far each
+micro-batch reads (``Admission``, ``ranges``) and splits the batch into offset
+ranges that executors read themselves. It holds no message data and sends no
+acks: a stream keeps its messages, so a batch is defined by its offsets alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from ..backoff import Backoff
+from ..client.blocking import BlockingClient
+from ..errors import AmqpSourceError, BrokerUnreachable
+from ..reading.admission import Admission
+from . import probe
+from .offset import UNSET, StreamOffset
+from .options import StreamSourceOptions
+from .ranges import StreamRange, limit_ends, split
+from .tails import TailWatch
+
+log = logging.getLogger("spark_amqp.streams")
+
+BACKLOG_INTERVAL = 1.0  # at most one round of probes a second for the progress report
+
+
+class StreamPlanner:
+    def __init__(self, options: StreamSourceOptions) -> None:
+        self.options = options
+        self.client = BlockingClient(options.connection, "spark-amqp stream planner")
+        self.admission = Admission(options.trigger)
+        self.available_now: dict[str, int] | None = None
+        self._backlog: dict[str, Any] | None = None
+        self._backlog_at = -BACKLOG_INTERVAL
+        self.tails = TailWatch()
+        self._dropped: set[str] = set()  # streams of the checkpoint no longer read, already reported
+        self._known: dict[str, int] | None = None  # the last ends measured
+        self._backoff = Backoff()
+        self._retry_at = 0.0
+        # PySpark 4.0/4.1 call latestOffset() without the batch's start: the last end this
+        # process returned or was handed (a restart begins with partitions(x, x) of the newest
+        # logged offset) stands in for it.
+        self.last_end: StreamOffset | None = None
+
+    # -- Spark's calls ---------------------------------------------------------------
+
+    def initial_offset(self) -> StreamOffset:
+        """Where a new query starts. ``last`` and ``next`` move with the stream, so they stay ``UNSET``
+        here and the first batch fixes them (see ``offset``); the other forms give the same answer
+        again when a crash makes Spark ask a second time."""
+        ends = self.ends()  # fails fast on a missing stream, a queue that is not one, or a refused login
+        positions = {}
+        for stream in self.options.streams:
+            positions[stream] = self._fixed_start(stream, ends[stream])
+        return StreamOffset.of(positions)
+
+    def latest_offset(self, start: dict[str, Any] | None, max_rows: int | None, use_minimum: bool) -> StreamOffset:
+        origin = StreamOffset.from_json(start) if start else (self.last_end or self.initial_offset())
+        end = self._latest(origin, max_rows, use_minimum)
+        self.last_end = end
+        return end
+
+    def _latest(self, origin: StreamOffset, max_rows: int | None, use_minimum: bool) -> StreamOffset:
+        self._check_dropped(origin)
+        unset = [s for s in self.options.streams if origin.get(s) == UNSET]
+        if unset:
+            # A batch of its own, with no rows: Spark logs it, so a replay starts where this run did.
+            ends = self.ends()
+            fixed = {s: self._moving_start(s, ends[s]) for s in unset}
+            log.info("AMQP source: streams start at %s", fixed)
+            return StreamOffset.of({**origin.as_dict(), **fixed})
+        starts = {s: origin.get(s) for s in self.options.streams}
+        ends = self.ends()
+        for stream in self.options.streams:
+            if ends[stream] == 0:
+                # Empty now: nothing to read. What is written next says whether retention emptied it
+                # (offsets go on from here) or it was deleted and declared again (they start at 0).
+                ends[stream] = starts[stream]
+            if ends[stream] < starts[stream]:
+                raise AmqpSourceError(
+                    f"stream '{stream}' ends at offset {ends[stream]} but this query has read it up to {starts[stream]}: "
+                    "the stream was deleted and declared again. Start the query with a new checkpointLocation"
+                )
+        if self.available_now is not None:
+            ends = {s: min(ends[s], max(starts[s], self.available_now[s])) for s in ends}
+            use_minimum = False
+        available = sum(ends[s] - starts[s] for s in ends)
+        now = time.monotonic()
+        take = self.admission.admit(available, now, max_rows, use_minimum)
+        if take == 0:
+            return StreamOffset.of(starts)  # the origin, less any stream no longer read
+        if take < available:
+            ends = limit_ends(starts, ends, take)
+        self.admission.fired(now)
+        return StreamOffset.of(ends)
+
+    def _check_dropped(self, origin: StreamOffset) -> None:
+        """A stream the checkpoint reads but the options no longer name: its unread messages would never be
+        read. Data loss, as Kafka treats a partition that is gone."""
+        dropped = {s: n for s, n in origin.positions if s not in self.options.streams and n != UNSET and s not in self._dropped}
+        if not dropped:
+            return
+        where = ", ".join(f"stream '{s}' (read up to offset {n})" for s, n in sorted(dropped.items()))
+        message = (
+            f"this query's checkpoint reads {where}, which the options no longer name (a shorter 'stream' list, or a "
+            "lower 'superStreamPartitions'): what it holds after that offset would never be read"
+        )
+        if self.options.fail_on_data_loss:
+            raise AmqpSourceError(message + "; name it again, or set failOnDataLoss=false to stop reading it")
+        log.warning("AMQP source: %s; no longer read (failOnDataLoss=false)", message)
+        self._dropped.update(dropped)
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[StreamRange]:
+        first, last = StreamOffset.from_json(start), StreamOffset.from_json(end)
+        self.last_end = last
+        starts, ends = {}, {}
+        for stream, stop in last.positions:
+            begin = first.get(stream)
+            if begin != UNSET and stop != UNSET:  # a batch that fixes where a stream starts reads nothing of it
+                starts[stream], ends[stream] = begin, stop
+        return split(starts, ends, self.options.num_partitions, self.options.min_partition_size)
+
+    def prepare_available_now(self) -> None:
+        self.available_now = self.ends()
+        log.info("AMQP source: AvailableNow run reads up to %s", self.available_now)
+
+    def backlog(self) -> dict[str, Any] | None:
+        """Where each stream ends now (next offset to be written): Spark 4.2+ shows it in the progress."""
+        now = time.monotonic()
+        if now - self._backlog_at >= BACKLOG_INTERVAL:
+            self._backlog_at = now
+            try:
+                self._backlog = dict(self.ends())
+            except AmqpSourceError as err:
+                log.debug("AMQP source: stream ends not measured: %s", err)
+        return self._backlog
+
+    def close(self) -> None:
+        self.client.close()
+
+    # -- the broker --------------------------------------------------------------------
+
+    def ends(self) -> dict[str, int]:
+        """Per stream, the offset after its last message (0 for an empty stream).
+
+        The first answer must come within ``connectionTimeout``: a query that cannot reach the broker
+        when it starts fails. After that an outage is waited out, however long: the last ends stand
+        (no new batch) and the broker is asked again with backoff, with a warning each time."""
+        streams = self.options.streams
+        subject = f"stream '{streams[0]}'" if len(streams) == 1 else f"streams {', '.join(streams)}"
+        if self._known is not None and time.monotonic() < self._retry_at:
+            return dict(self._known)
+        try:
+            # Once the broker was reached, one attempt per call: Spark's loop goes on while it is away.
+            found = self.client.run(lambda c: self.tails.ends_of(c, streams), subject, None if self._known is None else 0.0)
+        except BrokerUnreachable as err:
+            if self._known is None:
+                raise
+            delay = self._backoff.next()
+            self._retry_at = time.monotonic() + delay
+            log.warning(
+                "AMQP source: %s; no new batch until the broker answers (asking again in %.1fs, attempt %d)",
+                err,
+                delay,
+                self._backoff.failures,
+            )
+            return dict(self._known)
+        if self._backoff.failures:
+            log.warning("AMQP source: the broker answers again after %d failed attempt(s)", self._backoff.failures)
+        self._backoff.reset()
+        self._known = found
+        return dict(found)
+
+    def _fixed_start(self, stream: str, end: int, moving: bool = False) -> int:
+        """Where a stream starts when that does not move with it; ``UNSET`` (the first batch fixes it) when it does.
+
+        A timestamp with nothing at or after it means "from the end", which moves: like ``next``, the
+        first batch fixes it, so that a replay of that batch after a crash starts at the same place."""
+        start = self.options.start_of(stream)
+        stamp = self.options.starting_timestamp
+        if stamp is not None:
+            found = self.client.run(lambda c: probe.offset_at(c, stream, stamp), f"stream '{stream}'")
+            if found is not None:
+                return found
+            return end if moving else UNSET
+        if isinstance(start, int):
+            if start > end:
+                raise AmqpSourceError(
+                    f"option 'startingOffsets' starts stream '{stream}' at offset {start}, past its end (the next offset "
+                    f"it will write is {end}): give an offset up to {end}, or 'first', 'last' or 'next'"
+                )
+            return start
+        if start == "first":
+            found = self.client.run(lambda c: probe.head(c, stream), f"stream '{stream}'")
+            return 0 if found is None else found
+        return UNSET
+
+    def _moving_start(self, stream: str, end: int) -> int:
+        start = self.options.start_of(stream)
+        if start == "last":
+            return max(0, end - 1)  # from the last message on
+        if start == "next":
+            return end
+        return self._fixed_start(stream, end, moving=True)  # a timestamp with nothing after it yet, or a stream new to the query

@@ -1,0 +1,83 @@
+"""``StreamReader``: Spark's ``DataSourceStreamReader`` for RabbitMQ stream queues.
+
+Every method but ``read`` runs in Spark's source-runner process and delegates
+to a ``StreamPlanner`` created there on first use. ``read`` runs in executors
+on a pickled copy that carries only the options; its partition names an offset
+range, which the task reads from the broker itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+
+from ..reading.read_limits import AVAILABLE_NOW_BASES, default_limit, limit_terms
+from .options import StreamSourceOptions
+from .planner import StreamPlanner
+from .range_reader import read_range
+from .ranges import StreamRange
+
+__all__ = ["StreamRangePartition", "StreamReader"]
+
+
+class StreamRangePartition(InputPartition):
+    """One task of a micro-batch: offsets ``start`` to ``end - 1`` of one stream."""
+
+    def __init__(self, index: int, stream: str, start: int, end: int) -> None:
+        super().__init__(index)
+        self.index = index
+        self.stream = stream
+        self.start = start
+        self.end = end
+
+    def __repr__(self) -> str:
+        return f"StreamRangePartition(index={self.index}, stream={self.stream!r}, start={self.start}, end={self.end})"
+
+
+class StreamReader(DataSourceStreamReader, *AVAILABLE_NOW_BASES):  # type: ignore[misc]
+    def __init__(self, options: StreamSourceOptions) -> None:
+        self.options = options
+        self._planner: StreamPlanner | None = None
+
+    # The planner (a connection and its thread) lives only in the runner; never pickle it.
+    def __getstate__(self) -> dict[str, Any]:
+        return {"options": self.options, "_planner": None}
+
+    @property
+    def planner(self) -> StreamPlanner:
+        if self._planner is None:
+            self._planner = StreamPlanner(self.options)
+        return self._planner
+
+    def initialOffset(self) -> dict[str, Any]:
+        return self.planner.initial_offset().to_json()
+
+    def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, Any]:
+        return self.planner.latest_offset(start, *limit_terms(limit)).to_json()
+
+    def getDefaultReadLimit(self) -> Any:
+        return default_limit(self.options.trigger)
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        return self.planner.backlog()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.planner.prepare_available_now()
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[StreamRangePartition]:
+        ranges = self.planner.partitions(start, end)
+        return [StreamRangePartition(i, r.stream, r.start, r.end) for i, r in enumerate(ranges)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, StreamRangePartition)
+        yield from read_range(self.options, StreamRange(partition.stream, partition.start, partition.end))
+
+    def commit(self, end: dict[str, Any]) -> None:
+        pass  # nothing to acknowledge: the stream keeps its messages, and the checkpoint holds the offsets
+
+    def stop(self) -> None:
+        if self._planner is not None:
+            self._planner.close()

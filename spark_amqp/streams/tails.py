@@ -1,0 +1,75 @@
+"""``TailWatch``: where each stream ends, measured again only after something was written.
+
+A probe at ``last`` costs the stream's whole last chunk on the wire, and Spark
+polls an idle source about every 10 ms. So next to each measured end sits a watcher: a consumer at
+``next`` with prefetch 1 that never acks. It gets the first chunk written after
+it attached and then nothing more, and that delivery is the signal to measure
+again. An idle stream costs nothing; a busy one costs two chunks per batch,
+whatever it holds. The watcher attaches before the probe, so nothing written in
+between goes unnoticed.
+
+A watcher that the broker cancels (the stream was deleted, or the member it read
+from went away) also means "measure again", and so does an end older than
+``REMEASURE``: the safety net for a signal that never comes. Measuring a deleted
+stream fails with the broker's 404, so the query fails instead of waiting forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Sequence
+
+from ..client import AmqpClient, ClientChannel
+from ..reading import stream_consumers
+from . import probe
+
+__all__ = ["TailWatch"]
+
+_tags = itertools.count(1)
+REMEASURE = 5.0  # seconds an idle stream's end is trusted without a signal
+
+
+class TailWatch:
+    def __init__(self) -> None:
+        self.client: AmqpClient | None = None
+        self.watchers: dict[str, ClientChannel] = {}
+        self.ends: dict[str, int] = {}
+        self.measured: dict[str, float] = {}
+        self.moved: set[str] = set()
+        self.probes = 0  # how many times an end was measured (for tests and logs)
+
+    async def ends_of(self, client: AmqpClient, streams: Sequence[str]) -> dict[str, int]:
+        """``end`` of each stream, measured side by side (an empty one takes ``probe.EMPTY_WAIT``)."""
+        found = await asyncio.gather(*(self.end(client, s) for s in streams))
+        return dict(zip(streams, found, strict=True))
+
+    async def end(self, client: AmqpClient, stream: str) -> int:
+        """The offset after the stream's last message (0 when it has none)."""
+        if client is not self.client:  # a new connection: every watcher went with the old one
+            self.client, self.watchers, self.ends, self.moved = client, {}, {}, set()
+        watcher = self.watchers.get(stream)
+        fresh = time.monotonic() - self.measured.get(stream, -REMEASURE) < REMEASURE
+        if watcher is not None and watcher.is_open and stream not in self.moved and stream in self.ends and fresh:
+            return self.ends[stream]
+        if watcher is not None:
+            await watcher.close()  # its unacked delivery goes with it: streams do not requeue
+        self.watchers[stream] = await self._watch(client, stream)
+        last = await probe.tail(client, stream)
+        self.probes += 1
+        self.measured[stream] = time.monotonic()
+        self.ends[stream] = 0 if last is None else last + 1
+        return self.ends[stream]
+
+    async def _watch(self, client: AmqpClient, stream: str) -> ClientChannel:
+        channel = await client.channel()
+        self.moved.discard(stream)
+
+        def on_delivery(*_: object) -> None:
+            self.moved.add(stream)
+
+        channel.on_delivery = on_delivery
+        channel.on_cancel = on_delivery  # deleted, or its member went: measuring again finds out which
+        await stream_consumers.consume(channel, stream, f"spark-amqp-watch-{next(_tags)}", "next", 1)
+        return channel

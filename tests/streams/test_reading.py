@@ -1,0 +1,597 @@
+"""Stream mode against a broker, without Spark: where streams end and start, exact ranges, refusals,
+retention, super streams and resuming after a dropped connection. Both brokers."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Iterator
+
+import pika
+import pytest
+
+from spark_amqp.errors import AmqpSourceError
+from spark_amqp.streams import probe
+from spark_amqp.streams.offset import UNSET, StreamOffset
+from spark_amqp.streams.options import StreamSourceOptions, parse_stream_options
+from spark_amqp.streams.planner import StreamPlanner
+from spark_amqp.streams.range_reader import read_range
+from spark_amqp.streams.ranges import StreamRange
+
+from ..broker.helpers import wait_for
+from ..broker.raw import StreamClient
+from ..brokers import drop_source_connections
+
+pytestmark = pytest.mark.streams
+
+
+def declare_stream(url: str, name: str, **arguments: object) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    conn.channel().queue_declare(name, durable=True, arguments={"x-queue-type": "stream", **arguments})
+    conn.close()
+
+
+def delete_queue(url: str, name: str) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    conn.channel().queue_delete(name)
+    conn.close()
+
+
+def publish(url: str, stream: str, first: int, count: int, size: int = 0) -> None:
+    """Messages ``m<first>`` ... with bodies ``b<i>`` (padded to ``size``), all confirmed."""
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    for i in range(first, first + count):
+        ch.basic_publish("", stream, f"b{i}".encode().ljust(size, b"."), pika.BasicProperties(message_id=f"m{i}"))
+    conn.close()
+
+
+def options(url: str, stream: str, **extra: str) -> StreamSourceOptions:
+    return parse_stream_options({"uri": url, "stream": stream, "connectionTimeout": "20", **extra})
+
+
+def offsets_and_ids(opts: StreamSourceOptions, part: StreamRange, batch_rows: int = 10_000) -> list[tuple[int, str]]:
+    return [
+        (offset, mid)
+        for batch in read_range(opts, part, batch_rows)
+        for offset, mid in zip(batch.column("offset").to_pylist(), batch.column("message_id").to_pylist(), strict=True)
+    ]
+
+
+@pytest.fixture
+def planners() -> Iterator[list[StreamPlanner]]:
+    made: list[StreamPlanner] = []
+    yield made
+    for p in made:
+        p.close()
+
+
+def latest(p: StreamPlanner, start: dict[str, int], expected: dict[str, int], use_minimum: bool = True) -> bool:
+    """Whether latestOffset reaches ``expected``, within a few seconds: the planner may reuse an end up to
+    0.1 s old (a safe under-estimate), so just-published messages show up on a later call."""
+    return wait_for(lambda: p.latest_offset(start, None, use_minimum) == StreamOffset.of(expected), timeout=10, interval=0.02)
+
+
+def planner(made: list[StreamPlanner], opts: StreamSourceOptions) -> StreamPlanner:
+    made.append(StreamPlanner(opts))
+    return made[-1]
+
+
+def test_a_range_is_read_exactly_in_offset_order(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    publish(amqp_url, s, 0, 1000)
+    opts = options(amqp_url, s, prefetch="50")
+    # A small credit and batches of 100 rows: chunks overshoot the range's end, which is dropped.
+    got = offsets_and_ids(opts, StreamRange(s, 137, 611), batch_rows=100)
+    assert got == [(i, f"m{i}") for i in range(137, 611)]
+    assert offsets_and_ids(opts, StreamRange(s, 999, 1000)) == [(999, "m999")]
+    assert offsets_and_ids(opts, StreamRange(s, 5, 5)) == []
+
+
+def test_headers_hold_what_the_publisher_sent_and_the_offset_its_own_column(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.basic_publish("", s, b"plain")
+    ch.basic_publish("", s, b"tagged", pika.BasicProperties(headers={"a": "1", "zz": 2}, content_type="text/plain", delivery_mode=2))
+    ch.basic_publish("", s, b"spoofed", pika.BasicProperties(headers={"x-stream-offset": "not mine"}))
+    conn.close()
+    rows = [r for b in read_range(options(amqp_url, s), StreamRange(s, 0, 3)) for r in b.to_pylist()]
+    assert [(r["offset"], r["body"], r["headers"], r["content_type"], r["raw_header"]) for r in rows] == [
+        (0, b"plain", None, None, None),
+        (1, b"tagged", [("a", "1"), ("zz", "2")], "text/plain", None),
+        (2, b"spoofed", None, None, None),  # the broker's offset replaced the publisher's header
+    ]
+
+
+def test_the_planner_finds_the_end_cheaply_and_plans_ranges(amqp_url: str, names, planners) -> None:  # type: ignore[no-untyped-def]
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    p = planner(planners, options(amqp_url, s, numPartitions="3"))
+    assert p.ends() == {s: 0}
+    assert p.initial_offset() == StreamOffset.of({s: 0})  # first, on an empty stream
+    assert p.latest_offset({s: 0}, None, True) == StreamOffset.of({s: 0})
+    publish(amqp_url, s, 0, 300, size=2000)
+    assert p.ends() == {s: 300}
+    assert latest(p, {s: 0}, {s: 300})
+    end = StreamOffset.of({s: 300})
+    ranges = p.partitions({s: 0}, end.to_json())
+    assert [(r.start, r.end) for r in ranges] == [(0, 100), (100, 200), (200, 300)]
+    assert p.latest_offset({s: 0}, 120, True) == StreamOffset.of({s: 120})  # Spark's ReadMaxRows
+    assert p.backlog() == {s: 300}
+
+
+@pytest.mark.parametrize("tail_prefetch", [probe.TAIL_PREFETCH, 7])
+def test_the_end_of_a_stream_whose_chunks_hold_many_messages(amqp_url: str, names, planners, monkeypatch, tail_prefetch: int) -> None:  # type: ignore[no-untyped-def]
+    # A burst of publishes makes chunks of many messages. RabbitMQ 4.x (and the embedded broker)
+    # stop at the prefetch inside a chunk, where 3.10 sent a chunk whole: the end is where the
+    # last chunk ends, not its first delivery. A credit of 7 makes the probe ack and go on.
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    raw = StreamClient(amqp_url)
+    total = 0
+    for _ in range(10):  # how a burst is cut into chunks varies: go on until the last chunk is long
+        raw.publish_burst(s, [b"x" * 100] * 300)
+        total += 300
+        last_chunk = raw.consume_then_cancel(s, "last", 5000)
+        if len(last_chunk) > 7:
+            break
+    raw.close()
+    assert len(last_chunk) > 7 and last_chunk[-1][0] == total - 1
+    monkeypatch.setattr(probe, "TAIL_PREFETCH", tail_prefetch)
+    p = planner(planners, options(amqp_url, s, numPartitions="2"))
+    assert p.ends() == {s: total}
+    start = p.initial_offset()
+    p.prepare_available_now()
+    end = p.latest_offset(start.to_json(), None, True)
+    assert end == StreamOffset.of({s: total})
+    read = [o for part in p.partitions(start.to_json(), end.to_json()) for o, _ in offsets_and_ids(p.options, part)]
+    assert read == list(range(total))
+
+
+@pytest.mark.parametrize("start", ["first", "last", "next", "json"])
+def test_every_starting_offsets_form(amqp_url: str, names, planners, start: str) -> None:  # type: ignore[no-untyped-def]
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    publish(amqp_url, s, 0, 50)
+    given = json.dumps({s: 20}) if start == "json" else start
+    p = planner(planners, options(amqp_url, s, startingOffsets=given))
+    initial = p.initial_offset()
+    expected_start = {"first": 0, "last": 49, "next": 50, "json": 20}[start]
+    if start in ("last", "next"):
+        # They move with the stream: the first batch fixes them and reads nothing.
+        assert initial == StreamOffset.of({s: UNSET})
+        fixed = p.latest_offset(initial.to_json(), None, True)
+        assert fixed == StreamOffset.of({s: expected_start})
+        assert p.partitions(initial.to_json(), fixed.to_json()) == []
+        initial = fixed
+    assert initial == StreamOffset.of({s: expected_start})
+    publish(amqp_url, s, 50, 10)
+    assert latest(p, initial.to_json(), {s: 60})
+    end = StreamOffset.of({s: 60})
+    rows = [x for r in p.partitions(initial.to_json(), end.to_json()) for x in offsets_and_ids(p.options, r)]
+    assert rows == [(i, f"m{i}") for i in range(expected_start, 60)]
+
+
+def test_starting_timestamp(amqp_url: str, names, planners) -> None:  # type: ignore[no-untyped-def]
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    publish(amqp_url, s, 0, 30)
+    # The stream's timestamps are per chunk and the argument is in seconds: start at a second boundary.
+    boundary = int(time.time()) + 1
+    assert wait_for(lambda: time.time() >= boundary, timeout=5)
+    publish(amqp_url, s, 30, 20)
+    p = planner(planners, options(amqp_url, s, startingTimestamp=str(boundary * 1000)))
+    assert p.initial_offset() == StreamOffset.of({s: 30})
+    # Nothing that recent: from the end, which moves, so the first batch fixes it (and reads nothing), and
+    # Spark asking for the initial offset again after a crash gets the same answer.
+    # (A probe for a moment nothing follows waits connectionTimeout for a first delivery: keep it short here.)
+    late = planner(planners, options(amqp_url, s, startingTimestamp=str((boundary + 3600) * 1000), connectionTimeout="2"))
+    assert late.initial_offset() == StreamOffset.of({s: UNSET})
+    publish(amqp_url, s, 50, 5)
+    assert late.initial_offset() == StreamOffset.of({s: UNSET})
+    fixed = late.latest_offset({s: UNSET}, None, True)
+    assert fixed == StreamOffset.of({s: 55}) and late.partitions({s: UNSET}, fixed.to_json()) == []
+
+
+def test_starting_offsets_past_the_end_names_the_option(amqp_url: str, names, planners) -> None:  # type: ignore[no-untyped-def]
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    publish(amqp_url, s, 0, 10)
+    p = planner(planners, options(amqp_url, s, startingOffsets=json.dumps({s: 500})))
+    with pytest.raises(AmqpSourceError, match=rf"option 'startingOffsets' starts stream '{s}' at offset 500, past its end .* 10\b"):
+        p.initial_offset()
+
+
+def test_an_empty_stream_is_not_taken_for_one_declared_again(amqp_url: str, names, planners) -> None:  # type: ignore[no-untyped-def]
+    # A query that has read 20 offsets of a stream that holds no message now (retention can empty one; so can
+    # a delete and declare): nothing to read yet, not an error. What is written next tells the two apart.
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    p = planner(planners, options(amqp_url, s))
+    for _ in range(3):
+        assert p.latest_offset({s: 20}, None, True) == StreamOffset.of({s: 20})
+    publish(amqp_url, s, 0, 5)
+    message = _raises_within(lambda: p.latest_offset({s: 20}, None, True), timeout=20)
+    assert "ends at offset 5 but this query has read it up to 20" in message
+
+
+def test_a_queue_that_is_not_a_stream_is_refused_before_any_ack(amqp_url: str, names, planners) -> None:  # type: ignore[no-untyped-def]
+    q = names.queue("classic")
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    ch = conn.channel()
+    ch.queue_declare(q)
+    for i in range(3):
+        ch.basic_publish("", q, b"keep me", pika.BasicProperties(message_id=f"k{i}"))
+    opts = options(amqp_url, q)
+    started = time.monotonic()
+    with pytest.raises(AmqpSourceError, match=f"queue '{q}' is not a stream queue.*nothing was acknowledged.*option 'queue'"):
+        planner(planners, opts).initial_offset()
+    with pytest.raises(AmqpSourceError, match="is not a stream queue"):
+        offsets_and_ids(opts, StreamRange(q, 0, 3))
+    assert time.monotonic() - started < 10
+    # Every message is still there, and none was even delivered.
+    assert wait_for(lambda: ch.queue_declare(q, passive=True).method.message_count == 3, timeout=10)
+    method, _, _ = ch.basic_get(q)
+    assert method is not None and not method.redelivered
+    conn.close()
+
+
+def test_a_missing_stream_fails_fast_and_says_so(amqp_url: str, names, planners) -> None:  # type: ignore[no-untyped-def]
+    s = names.queue("absent")
+    started = time.monotonic()
+    with pytest.raises(AmqpSourceError, match=f"stream '{s}'.*not found.*x-queue-type=stream"):
+        planner(planners, options(amqp_url, s)).initial_offset()
+    assert time.monotonic() - started < 10
+
+
+def _truncated_stream(url: str, name: str) -> int:
+    """A stream whose retention already removed its first messages; returns its first offset."""
+    declare_stream(url, name, **{"x-max-length-bytes": 20_000, "x-stream-max-segment-size-bytes": 4_000})
+    p = StreamPlanner(options(url, name))
+    published = 0
+    try:
+        while True:
+            publish(url, name, published, 100, size=100)
+            published += 100
+            first = p.client.run(lambda c: probe.head(c, name), name)
+            if first:
+                return first
+            assert published < 5000, "retention never removed anything"
+    finally:
+        p.close()
+
+
+def test_retention_loss_fails_or_is_skipped(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
+    s = names.queue("stream")
+    first = _truncated_stream(amqp_url, s)
+    with pytest.raises(AmqpSourceError, match=rf"stream '{s}': offsets 0 to {first - 1} \({first}\) were removed .*failOnDataLoss=false"):
+        offsets_and_ids(options(amqp_url, s), StreamRange(s, 0, first + 5))
+    lenient = offsets_and_ids(options(amqp_url, s, failOnDataLoss="false"), StreamRange(s, 0, first + 5))
+    assert lenient and lenient[0][0] == first and all(first <= o < first + 5 for o, _ in lenient)
+
+
+def test_offsets_without_messages_are_not_data_loss(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
+    s = names.queue("stream")
+    first = _truncated_stream(amqp_url, s)
+    p = StreamPlanner(options(amqp_url, s))
+    end = p.ends()[s]
+    p.close()
+    read = [o for o, _ in offsets_and_ids(options(amqp_url, s), StreamRange(s, first, end))]
+    gaps = [o for o in range(read[0], read[-1]) if o not in set(read)]
+    if not gaps:
+        pytest.skip("this broker numbers only messages (RabbitMQ starts each segment with a tracking chunk)")
+    # A batch can start at such an offset (it ends just after a message): nothing was lost.
+    after = offsets_and_ids(options(amqp_url, s), StreamRange(s, gaps[0], gaps[0] + 3))
+    assert after and after[0][0] > gaps[0]
+
+
+def test_a_super_stream_reads_its_partitions(amqp_url: str, names, planners) -> None:  # type: ignore[no-untyped-def]
+    base = names.queue("super")
+    for i in range(3):
+        names.queues.append(f"{base}-{i}")
+        declare_stream(amqp_url, f"{base}-{i}")
+        publish(amqp_url, f"{base}-{i}", 100 * i, 10 + i)
+    opts = parse_stream_options({"uri": amqp_url, "superStream": base, "superStreamPartitions": "3"})
+    p = planner(planners, opts)
+    start = p.initial_offset()
+    end = p.latest_offset(start.to_json(), None, True)
+    assert end == StreamOffset.of({f"{base}-0": 10, f"{base}-1": 11, f"{base}-2": 12})
+    ids = sorted(m for r in p.partitions(start.to_json(), end.to_json()) for _, m in offsets_and_ids(opts, r))
+    assert ids == sorted(f"m{100 * i + j}" for i in range(3) for j in range(10 + i))
+
+
+def test_a_dropped_connection_resumes_after_the_last_offset_read(amqp_url: str, names, embedded_or_none) -> None:  # type: ignore[no-untyped-def]
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    publish(amqp_url, s, 0, 3000)
+    batches = read_range(options(amqp_url, s, prefetch="100"), StreamRange(s, 0, 3000), 500)
+    got = list(next(batches).column("offset").to_pylist())
+    assert wait_for(lambda: drop_source_connections(amqp_url, embedded_or_none, f"spark-amqp stream reader {s}") > 0, timeout=30)
+    for batch in batches:
+        got.extend(batch.column("offset").to_pylist())
+    assert got == list(range(3000))
+
+
+def test_min_messages_per_trigger_and_max_trigger_delay(amqp_url: str, names, planners) -> None:  # type: ignore[no-untyped-def]
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    p = planner(planners, options(amqp_url, s, minMessagesPerTrigger="50", maxTriggerDelay="1h"))
+    start = {s: 0}
+    p.admission.fired(time.monotonic())  # as if a batch had just run: the minimum applies
+    publish(amqp_url, s, 0, 49)
+    assert p.ends() == {s: 49}
+    assert p.latest_offset(start, None, True) == StreamOffset.of(start)
+    assert p.latest_offset(start, None, False) == StreamOffset.of({s: 49})  # AvailableNow reads to the end anyway
+    publish(amqp_url, s, 49, 1)
+    assert latest(p, start, {s: 50})
+    # With a short delay, what is there goes once the delay has passed since the last batch.
+    quick = planner(planners, options(amqp_url, s, minMessagesPerTrigger="500", maxTriggerDelay="300ms"))
+    fired = time.monotonic()
+    quick.admission.fired(fired)
+    assert wait_for(lambda: quick.latest_offset(start, None, True) == StreamOffset.of({s: 50}), timeout=10, interval=0.02)
+    assert time.monotonic() - fired >= 0.3
+
+
+def test_available_now_reads_to_where_the_streams_ended_when_the_run_started(amqp_url: str, names, planners) -> None:  # type: ignore[no-untyped-def]
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    publish(amqp_url, s, 0, 40)
+    p = planner(planners, options(amqp_url, s, maxMessagesPerTrigger="25", minMessagesPerTrigger="25"))
+    start = p.initial_offset().to_json()
+    p.prepare_available_now()
+    publish(amqp_url, s, 40, 30)  # after the run started: not part of it
+    assert p.ends() == {s: 70}
+    first = p.latest_offset(start, None, True)
+    assert first == StreamOffset.of({s: 25})  # the maximum still holds
+    second = p.latest_offset(first.to_json(), None, True)
+    assert second == StreamOffset.of({s: 40})  # below the minimum, but the run must end
+    assert p.latest_offset(second.to_json(), None, True) == second  # done: Spark ends the run
+
+
+def test_two_readers_of_one_stream_each_get_every_message(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    publish(amqp_url, s, 0, 1000)
+    opts = options(amqp_url, s, prefetch="100")
+    one, two = read_range(opts, StreamRange(s, 0, 1000), 100), read_range(opts, StreamRange(s, 0, 1000), 100)
+    got: dict[int, list[int]] = {1: [], 2: []}
+    for a, b in itertools.zip_longest(one, two):  # interleaved: both consumers are open at once
+        got[1] += a.column("offset").to_pylist() if a is not None else []
+        got[2] += b.column("offset").to_pylist() if b is not None else []
+    assert got[1] == got[2] == list(range(1000))
+
+
+def test_without_a_start_the_planner_goes_on_from_its_last_end(amqp_url: str, names, planners) -> None:  # type: ignore[no-untyped-def]
+    """PySpark 4.0/4.1 call latestOffset() without the batch's start."""
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    publish(amqp_url, s, 0, 30)
+    p = planner(planners, options(amqp_url, s, maxMessagesPerTrigger="10"))
+    ends = [p.latest_offset(None, None, True) for _ in range(4)]
+    assert ends == [StreamOffset.of({s: n}) for n in (10, 20, 30, 30)]
+    # A restart: Spark first asks for the partitions of the newest logged batch, then goes on.
+    restarted = planner(planners, options(amqp_url, s, maxMessagesPerTrigger="10"))
+    assert restarted.partitions({s: 20}, {s: 20}) == []
+    publish(amqp_url, s, 30, 5)
+    assert wait_for(lambda: restarted.latest_offset(None, None, True) == StreamOffset.of({s: 30}), timeout=10)
+
+
+def test_an_idle_stream_is_not_probed_again_until_something_is_written(amqp_url: str, names, planners) -> None:  # type: ignore[no-untyped-def]
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    publish(amqp_url, s, 0, 20)
+    p = planner(planners, options(amqp_url, s))
+    assert p.ends() == {s: 20}
+    probes = p.tails.probes
+    for _ in range(50):  # Spark polls an idle source about every 10 ms
+        assert p.latest_offset({s: 20}, None, True) == StreamOffset.of({s: 20})
+    assert p.tails.probes == probes
+    publish(amqp_url, s, 20, 5)
+    assert latest(p, {s: 20}, {s: 25})
+    assert p.tails.probes == probes + 1
+
+
+def _raises_within(call, timeout: float) -> str:  # type: ignore[no-untyped-def]
+    """The message of the AmqpSourceError ``call`` raises once retried for up to ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            call()
+        except AmqpSourceError as err:
+            return str(err)
+        time.sleep(0.05)
+    raise AssertionError(f"no error within {timeout}s")
+
+
+@pytest.mark.parametrize("again", [False, True], ids=["deleted", "deleted-and-declared-again"])
+def test_a_deleted_stream_fails_the_query_instead_of_stalling(amqp_url: str, names, planners, again: bool) -> None:  # type: ignore[no-untyped-def]
+    # The tail watcher gets basic.cancel when its stream goes; an end is also measured again every few seconds.
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    publish(amqp_url, s, 0, 20)
+    p = planner(planners, options(amqp_url, s))
+    assert p.latest_offset({s: 20}, None, True) == StreamOffset.of({s: 20})
+    delete_queue(amqp_url, s)
+    if again:
+        declare_stream(amqp_url, s)
+        publish(amqp_url, s, 0, 5)
+    message = _raises_within(lambda: p.latest_offset({s: 20}, None, True), timeout=20)
+    if again:
+        assert f"stream '{s}' ends at offset 5 but this query has read it up to 20" in message, message
+    else:
+        assert f"stream '{s}'" in message and "not found" in message, message
+
+
+def test_an_idle_end_is_measured_again_every_few_seconds(amqp_url: str, names, planners, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from spark_amqp.streams import tails
+
+    monkeypatch.setattr(tails, "REMEASURE", 0.3)
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    publish(amqp_url, s, 0, 3)
+    p = planner(planners, options(amqp_url, s))
+    assert p.ends() == {s: 3}
+    probes = p.tails.probes
+    assert wait_for(lambda: p.ends() == {s: 3} and p.tails.probes > probes, timeout=10, interval=0.05)
+
+
+def _head(url: str, stream: str) -> int:
+    p = StreamPlanner(options(url, stream))
+    try:
+        return p.client.run(lambda c: probe.head(c, stream), stream) or 0
+    finally:
+        p.close()
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False], ids=["fail", "skip"])
+def test_retention_under_a_reader_that_fell_behind_fails_or_is_skipped(amqp_url: str, names, fail_on_data_loss: bool, caplog) -> None:  # type: ignore[no-untyped-def]
+    # RabbitMQ moves a reader whose segments retention deleted to the oldest segment left: a jump in the
+    # middle of a range, here past its end. The task must not end the range short without a word.
+    s = names.queue("stream")
+    declare_stream(amqp_url, s, **{"x-max-length-bytes": 60_000, "x-stream-max-segment-size-bytes": 4_000})
+    publish(amqp_url, s, 0, 200, size=100)  # a dozen segments: more than the reader can hold open
+    opts = options(amqp_url, s, prefetch="5", failOnDataLoss=str(fail_on_data_loss).lower())
+    batches = read_range(opts, StreamRange(s, 0, 200), 5)
+    got = next(batches).column("offset").to_pylist()
+    # A batch may hold more than asked for (all that one wake-up of the loop brought): far from the end, though.
+    assert got[:5] == [0, 1, 2, 3, 4] and len(got) < 150
+    published = 200
+    while _head(amqp_url, s) <= 200:  # the task stalls while the stream grows and retention runs
+        publish(amqp_url, s, published, 100, size=100)
+        published += 100
+        assert published < 5000, "retention never removed the range"
+    if fail_on_data_loss:
+        with pytest.raises(AmqpSourceError, match=rf"stream '{s}': offsets (\d+) to 199 \(\d+\) were removed .*failOnDataLoss=false"):
+            for batch in batches:
+                got += batch.column("offset").to_pylist()
+    else:
+        for batch in batches:
+            got += batch.column("offset").to_pylist()
+        assert "to 199" in caplog.text and "skipped (failOnDataLoss=false)" in caplog.text
+    assert got == sorted(set(got)) and got[-1] < 199  # in order, and retention took the range's end
+
+
+def test_a_range_starting_on_the_oldest_segments_tracking_chunk_is_not_data_loss(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
+    # The batch before ended with the last message of a segment that retention has removed since; the range
+    # starts on the offset of the tracking chunk that opens the next segment, now the oldest.
+    s = names.queue("stream")
+    first = _truncated_stream(amqp_url, s)
+    read = offsets_and_ids(options(amqp_url, s), StreamRange(s, first - 1, first + 3))
+    assert [o for o, _ in read] == [first, first + 1, first + 2]
+
+
+def test_a_failed_gap_check_is_not_forgotten(amqp_url: str, names, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from spark_amqp.errors import ConnectionLost
+    from spark_amqp.streams import range_reader
+
+    s = names.queue("stream")
+    first = _truncated_stream(amqp_url, s)
+    real_head, calls = probe.head, []
+
+    async def flaky_head(client, stream):  # type: ignore[no-untyped-def]
+        calls.append(stream)
+        if len(calls) == 1:
+            raise ConnectionLost("the broker went away during the check")
+        return await real_head(client, stream)
+
+    monkeypatch.setattr(range_reader.probe, "head", flaky_head)
+    with pytest.raises(AmqpSourceError, match=rf"offsets 0 to {first - 1} \({first}\) were removed"):
+        offsets_and_ids(options(amqp_url, s), StreamRange(s, 0, first + 5))
+    assert len(calls) == 2
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False], ids=["fail", "skip"])
+def test_a_stream_dropped_from_the_options_is_data_loss(amqp_url: str, names, planners, fail_on_data_loss: bool, caplog) -> None:  # type: ignore[no-untyped-def]
+    base = names.queue("super")
+    for i in range(3):
+        names.queues.append(f"{base}-{i}")
+        declare_stream(amqp_url, f"{base}-{i}")
+        publish(amqp_url, f"{base}-{i}", 0, 10)
+    checkpoint = {f"{base}-0": 10, f"{base}-1": 10, f"{base}-2": 4}
+    fewer = {"uri": amqp_url, "superStream": base, "superStreamPartitions": "2", "failOnDataLoss": str(fail_on_data_loss).lower()}
+    p = planner(planners, parse_stream_options(fewer))
+    if fail_on_data_loss:
+        with pytest.raises(
+            AmqpSourceError, match=rf"stream '{base}-2' \(read up to offset 4\).*superStreamPartitions.*failOnDataLoss=false"
+        ):
+            p.latest_offset(checkpoint, None, True)
+    else:
+        assert p.latest_offset(checkpoint, None, True) == StreamOffset.of({f"{base}-0": 10, f"{base}-1": 10})
+        assert caplog.text.count(f"stream '{base}-2' (read up to offset 4)") == 1
+
+
+@pytest.mark.embedded_only
+def test_an_outage_longer_than_the_connection_timeout_only_delays_planning_and_reading(embedded, caplog) -> None:  # type: ignore[no-untyped-def]
+    # A broker restart: connections cut, new ones refused for 12 s, six times connectionTimeout. Once the
+    # planner and the task had reached the broker, they wait it out (before: 2 s and about 11 s).
+    s = "outage.stream"
+    declare_stream(embedded.url, s)
+    publish(embedded.url, s, 0, 3000)
+    p = StreamPlanner(options(embedded.url, s, connectionTimeout="2"))
+    try:
+        assert p.ends() == {s: 3000}
+        batches = read_range(options(embedded.url, s, prefetch="100", connectionTimeout="2"), StreamRange(s, 0, 3000), 500)
+        got = list(next(batches).column("offset").to_pylist())
+        embedded.refuse_connections(12.0)
+        embedded.drop_connections()
+        began = time.monotonic()
+        while time.monotonic() - began < 4:  # Spark keeps asking while the broker is away: no new batch, no error
+            assert p.latest_offset({s: 3000}, None, True) == StreamOffset.of({s: 3000})
+            time.sleep(0.2)
+        for batch in batches:
+            got.extend(batch.column("offset").to_pylist())
+        assert got == list(range(3000)) and time.monotonic() - began > 10
+        assert "no new batch until the broker answers" in caplog.text and "again in" in caplog.text
+        publish(embedded.url, s, 3000, 5)
+        assert latest(p, {s: 3000}, {s: 3005})
+    finally:
+        p.close()
+
+
+def test_a_range_whose_stream_was_declared_again_fails_naming_it(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    publish(amqp_url, s, 0, 100)
+    delete_queue(amqp_url, s)
+    declare_stream(amqp_url, s)
+    publish(amqp_url, s, 0, 5)
+    started = time.monotonic()
+    with pytest.raises(
+        AmqpSourceError, match=rf"stream '{s}' now ends at offset 5, but this batch reads it from 50 up to 99.*declared again"
+    ):
+        offsets_and_ids(options(amqp_url, s, connectionTimeout="2"), StreamRange(s, 50, 100))
+    assert time.monotonic() - started < 15
+
+
+def test_a_541_at_the_same_offset_is_not_retried_forever(amqp_url: str, names, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # RabbitMQ 4.3 closes the connection with 541 at a message it cannot convert (rstream's binary mode).
+    from spark_amqp.errors import InternalError
+    from spark_amqp.streams import range_reader
+
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    publish(amqp_url, s, 0, 10)
+    from spark_amqp.reading import stream_consumers
+
+    real_consume, attempts = stream_consumers.consume, []
+
+    async def refused_at_4(channel, stream, tag, offset, prefetch):  # type: ignore[no-untyped-def]
+        attempts.append(offset)
+        if offset == 4:
+            raise InternalError("INTERNAL_ERROR", on_connection=True)
+        await real_consume(channel, stream, tag, offset, prefetch)
+
+    monkeypatch.setattr(range_reader.stream_consumers, "consume", refused_at_4)
+    with pytest.raises(
+        AmqpSourceError,
+        match=rf"stream '{s}': the broker closed the connection with .*541.* 3 times when reading offset 4.*stream-protocol",
+    ):
+        offsets_and_ids(options(amqp_url, s), StreamRange(s, 4, 10))
+    assert attempts == [4, 4, 4]
+    assert offsets_and_ids(options(amqp_url, s), StreamRange(s, 0, 4)) == [(i, f"m{i}") for i in range(4)]
