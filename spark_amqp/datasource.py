@@ -5,7 +5,8 @@ from __future__ import annotations
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, DataSourceStreamWriter, DataSourceWriter
 from pyspark.sql.types import StructType
 
-from .options import SinkOptions, SourceOptions, parse_sink_options, parse_source_options
+from .options import SinkOptions, parse_sink_options
+from .queues.options import SourceOptions, parse_source_options
 from .reading.arrow import SCHEMA_DDL, STREAM_SCHEMA_DDL
 from .streams.options import StreamSourceOptions, is_stream_mode, parse_stream_options
 

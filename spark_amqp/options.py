@@ -1,4 +1,6 @@
-"""Every option the connector takes, parsed once into frozen, typed objects.
+"""Options both reading modes and the sink share (the connection, the trigger), and the sink's own, parsed
+once into frozen, typed objects. Queue mode's are in ``queues/options.py``, stream mode's in
+``streams/options.py``.
 
 Validation happens here and only here, before anything connects. Keys are
 matched case-insensitively (Spark lower-cases them anyway); an unknown key is an
@@ -19,27 +21,19 @@ from .option_reader import OptionReader, ambiguity, redact_uri, split_uri
 
 __all__ = [
     "ConnectionOptions",
-    "JournalOptions",
-    "QueueDeclaration",
     "SinkOptions",
-    "SourceOptions",
     "TlsOptions",
     "TriggerOptions",
     "parse_connection",
     "parse_sink_options",
-    "parse_source_options",
 ]
 
 MAX_PREFETCH = 65535  # basic.qos prefetch_count is a 16-bit field
-DEFAULT_PREFETCH = 20_000
 DEFAULT_MAX_MESSAGES_PER_TRIGGER = 10_000
-DEFAULT_JOURNAL_RETENTION = 1800.0
 # Upper bounds: past these a value is a mistake (milliseconds for seconds), and a
 # wait that long looks like a hang.
 MAX_SECONDS_WAIT = 3600.0  # connectionTimeout, confirmTimeout
 MAX_SECONDS_HEARTBEAT = 3600
-MAX_JOURNAL_RETENTION = 7 * 86400.0
-DEDUPE_MODES = {"messageid": "messageId", "content": "content"}
 DEFAULT_MAX_TRIGGER_DELAY = 900.0  # Kafka's maxTriggerDelay default (15m)
 # Queue mode holds a delayed batch's deliveries unacknowledged: keep well under
 # RabbitMQ's consumer_timeout (30 min by default).
@@ -74,24 +68,6 @@ class ConnectionOptions:
 
 
 @dataclass(frozen=True)
-class QueueDeclaration:
-    durable: bool
-    arguments: dict[str, Any]
-    exchange: str | None
-    binding_key: str
-
-
-@dataclass(frozen=True)
-class JournalOptions:
-    location: str  # as given: a local path, /Volumes/..., file://, s3://, ... (shown only via display_location)
-    retention: float  # seconds a copy of a journalled batch is still expected back from the broker
-
-    @property
-    def display_location(self) -> str:
-        return redact_uri(self.location)
-
-
-@dataclass(frozen=True)
 class TriggerOptions:
     """How much a micro-batch takes: at most ``max_messages``; with ``min_messages``, a batch
     waits until that many are there or ``max_delay`` seconds passed since the last one."""
@@ -99,23 +75,6 @@ class TriggerOptions:
     max_messages: int | None  # None: everything available (stream mode's default)
     min_messages: int | None = None
     max_delay: float = DEFAULT_MAX_TRIGGER_DELAY
-
-
-@dataclass(frozen=True)
-class SourceOptions:
-    connection: ConnectionOptions
-    queues: tuple[str, ...]
-    prefetch: int
-    max_messages_per_trigger: int
-    num_partitions: int | None
-    declaration: QueueDeclaration | None
-    journal: JournalOptions | None = None  # None: at-least-once
-    dedupe_by: str = "messageId"  # how a redelivered copy is recognised: "messageId" or "content"
-    exclusive_consumer: bool = False
-    trigger: TriggerOptions = TriggerOptions(DEFAULT_MAX_MESSAGES_PER_TRIGGER)
-    # Without a journal: fail when a message's x-delivery-count reaches this (0: never); None: the
-    # default for the broker's line (16 on RabbitMQ 4.x, whose delivery-limit is 20 by default; off on 3.x).
-    max_delivery_count: int | None = None
 
 
 @dataclass(frozen=True)
@@ -147,27 +106,6 @@ CONNECTION_KEYS = {
         "tls.certFile",
         "tls.keyFile",
         "tls.checkHostname",
-    )
-}
-SOURCE_KEYS = CONNECTION_KEYS | {
-    k.lower(): k
-    for k in (
-        "queue",
-        "prefetch",
-        "maxMessagesPerTrigger",
-        "minMessagesPerTrigger",
-        "maxTriggerDelay",
-        "numPartitions",
-        "declareQueue",
-        "queueDurable",
-        "queueArguments",
-        "bindExchange",
-        "bindingKey",
-        "journalLocation",
-        "journalRetention",
-        "dedupeBy",
-        "exclusiveConsumer",
-        "maxDeliveryCount",
     )
 }
 SINK_KEYS = CONNECTION_KEYS | {
@@ -245,76 +183,6 @@ def parse_connection(r: OptionReader) -> ConnectionOptions:
         tls=tls,
         heartbeat=heartbeat,
         connection_timeout=r.number("connectionTimeout", 30.0, 0.1, MAX_SECONDS_WAIT),
-    )
-
-
-def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
-    r = OptionReader(options, SOURCE_KEYS)
-    connection = parse_connection(r)
-    queues = r.names("queue", "queue")
-    max_per_trigger = r.integer("maxMessagesPerTrigger", DEFAULT_MAX_MESSAGES_PER_TRIGGER, 1)
-    assert max_per_trigger is not None
-    default_prefetch = min(MAX_PREFETCH, max(DEFAULT_PREFETCH, 2 * max_per_trigger))
-    prefetch = r.integer("prefetch", default_prefetch, 1, MAX_PREFETCH)
-    assert prefetch is not None
-    journalled = r.text("journalLocation") is not None
-    # Without a journal one batch waits for its commit while the next fills; both are unacked.
-    # With one, a batch is acknowledged as soon as it is journalled.
-    if prefetch < (1 if journalled else 2) * max_per_trigger:
-        if journalled:
-            raise AmqpOptionError(
-                f"option 'prefetch' ({prefetch}) must be at least 'maxMessagesPerTrigger' ({max_per_trigger}): a batch is "
-                f"taken from the deliveries the prefetch window lets in; raise 'prefetch' or lower 'maxMessagesPerTrigger'"
-            )
-        raise AmqpOptionError(
-            f"option 'prefetch' ({prefetch}) must be at least twice 'maxMessagesPerTrigger' ({max_per_trigger}): "
-            "a committed batch stays unacknowledged until the next one is planned, so both must fit in the "
-            f"prefetch window; raise 'prefetch' to {2 * max_per_trigger} or lower 'maxMessagesPerTrigger' (with "
-            "journalLocation, prefetch need only hold one batch)"
-        )
-    declaration = None
-    if r.boolean("declareQueue", False):
-        declaration = QueueDeclaration(
-            durable=r.boolean("queueDurable", True),
-            arguments=r.json_object("queueArguments"),
-            exchange=r.text("bindExchange"),
-            binding_key=r.text("bindingKey", "") or "",
-        )
-    else:
-        stray = [r.name(k) for k in ("queueDurable", "queueArguments", "bindExchange", "bindingKey") if r.text(k) is not None]
-        if stray:
-            raise AmqpOptionError(f"option(s) {', '.join(stray)} only apply with declareQueue=true")
-    journal = None
-    location = r.text("journalLocation")
-    if location is not None:
-        if location.strip() == "":
-            raise AmqpOptionError("option 'journalLocation' is empty: give a directory on durable storage, or leave it out")
-        journal = JournalOptions(location.strip(), r.number("journalRetention", DEFAULT_JOURNAL_RETENTION, 1.0, MAX_JOURNAL_RETENTION))
-    elif r.text("journalRetention") is not None:
-        raise AmqpOptionError("option 'journalRetention' only applies with option 'journalLocation'")
-    max_delivery_count = r.integer("maxDeliveryCount", None, 0, 1_000_000)
-    if journal is not None and max_delivery_count is not None:
-        raise AmqpOptionError(
-            "option 'maxDeliveryCount' only applies without 'journalLocation': with a journal, a message a quorum queue "
-            "returned is journalled and acknowledged at once, so its delivery-limit cannot drop it"
-        )
-    dedupe = (r.text("dedupeBy", "messageId") or "").strip()
-    if dedupe.lower() not in DEDUPE_MODES:
-        raise AmqpOptionError(f"option 'dedupeBy' must be messageId or content, got {dedupe!r}")
-    trigger = parse_trigger(r, max_per_trigger)
-    return SourceOptions(
-        connection=connection,
-        queues=queues,
-        prefetch=prefetch,
-        max_messages_per_trigger=max_per_trigger,
-        num_partitions=r.integer("numPartitions", None, 1, 10_000),
-        declaration=declaration,
-        journal=journal,
-        dedupe_by=DEDUPE_MODES[dedupe.lower()],
-        # Exactly-once holds only while one query reads each queue: enforce it by default.
-        exclusive_consumer=r.boolean("exclusiveConsumer", journal is not None),
-        trigger=trigger,
-        max_delivery_count=max_delivery_count,
     )
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from spark_amqp.client import AmqpClient
 from spark_amqp.errors import AmqpOptionError, ConnectionLost, HandshakeFailed, is_transient
-from spark_amqp.options import parse_source_options
+from spark_amqp.queues.options import parse_source_options
 
 
 def _options(uri: str, **extra: str):  # type: ignore[no-untyped-def]

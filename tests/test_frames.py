@@ -17,7 +17,7 @@ from spark_amqp import framing
 from spark_amqp.client.channel import ClientChannel
 from spark_amqp.client.connection import AmqpClient
 from spark_amqp.client.properties import LazyProperties, decode_properties, find_header
-from spark_amqp.options import parse_source_options
+from spark_amqp.queues.options import parse_source_options
 
 
 def _deliver(channel: int, tag: int, routing_key: str, props: commands.Basic.Properties, body: bytes, frame_max: int) -> bytes:

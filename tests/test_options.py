@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from spark_amqp.errors import AmqpOptionError
-from spark_amqp.options import parse_source_options
+from spark_amqp.queues.options import parse_source_options
 
 BASE = {"uri": "amqp://alice:s3cret-pw@rabbit.example:5673/prod", "queue": "orders"}
 

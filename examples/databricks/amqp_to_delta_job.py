@@ -43,7 +43,7 @@ def ready_messages(options: dict[str, str]) -> int:
     measured with the connector's own client, so TLS and the password work as for the source."""
     from spark_amqp.client.connection import AmqpClient
     from spark_amqp.client.consumer import queue_depths
-    from spark_amqp.options import parse_source_options
+    from spark_amqp.queues.options import parse_source_options
 
     parsed = parse_source_options(options)
 

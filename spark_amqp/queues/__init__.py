@@ -1,9 +1,6 @@
 """Queue mode: classic and quorum queues, consumed with acks held until Spark commits (``option("queue")``).
 
-``reader`` (Spark's reader class), ``runtime`` (batches, acks), ``session`` (the I/O thread), ``offset``
-(the checkpointed position), ``journal``/``journalled`` (exactly-once), and the small pure parts.
+``reader`` (Spark's reader class), ``options``, ``offset`` (the checkpointed position), ``runtime``
+(batches, acks), ``session`` (the I/O thread), ``journal``/``journalled`` (exactly-once), and the small
+pure parts. Nothing is imported here, so that parsing options does not load the reader.
 """
-
-from .reader import QueueBatchPartition, QueueReader
-
-__all__ = ["QueueBatchPartition", "QueueReader"]

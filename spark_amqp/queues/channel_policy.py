@@ -12,7 +12,7 @@ import logging
 import time
 
 from ..errors import AccessRefused, AmqpProtocolError, AmqpReplyError, OtherConsumers, ResourceLocked, explain
-from ..options import SourceOptions
+from .options import SourceOptions
 
 log = logging.getLogger("spark_amqp.queues")
 

@@ -18,10 +18,10 @@ import time
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from ..options import JournalOptions
 from .journal import BatchJournal, JournalEntry, classify
 from .ledger import Entry, Fingerprint, RedeliveryFilter, SessionLedger, fingerprint
 from .offset import AmqpSourceOffset
+from .options import JournalOptions
 
 log = logging.getLogger("spark_amqp.queues")
 

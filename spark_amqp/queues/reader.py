@@ -14,10 +14,10 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
-from ..options import SourceOptions
 from ..reading import arrow
 from ..reading.read_limits import AVAILABLE_NOW_BASES, default_limit, limit_terms
 from .offset import AmqpSourceOffset
+from .options import SourceOptions
 from .runtime import SourceRuntime
 
 

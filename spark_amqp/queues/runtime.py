@@ -25,7 +25,6 @@ from types import FrameType
 from typing import Any
 
 from ..errors import AmqpSourceError
-from ..options import DEFAULT_JOURNAL_RETENTION, SourceOptions
 from ..reading import arrow
 from ..reading.admission import Admission
 from .available_now import AvailableNow, measure_depths
@@ -34,6 +33,7 @@ from .intake import Intake, returns
 from .journalled import Journalled, JournalledBatches
 from .ledger import Entry, RedeliveryFilter, SessionLedger
 from .offset import AmqpSourceOffset, QueuePosition
+from .options import DEFAULT_JOURNAL_RETENTION, SourceOptions
 from .session import ConsumerSession
 
 log = logging.getLogger("spark_amqp.queues")

@@ -25,10 +25,10 @@ from .. import framing
 from ..backoff import Backoff
 from ..client import AmqpClient, ClientChannel, LazyProperties, queue_stats, stats_of
 from ..errors import AmqpProtocolError, AmqpReplyError, AmqpSourceError, NotFound, OtherConsumers, StreamInQueueMode, explain, is_transient
-from ..options import SourceOptions
 from ..reading.stream_consumers import is_stream
 from .channel_policy import ChannelPolicy
 from .inbox import AckConfirmed, Delivery, SessionClosed
+from .options import SourceOptions
 
 log = logging.getLogger("spark_amqp.queues")
 T = TypeVar("T")

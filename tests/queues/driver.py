@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from spark_amqp.options import parse_source_options
+from spark_amqp.queues.options import parse_source_options
 from spark_amqp.queues.runtime import SourceRuntime
 from spark_amqp.reading import arrow
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from spark_amqp.errors import AccessRefused
-from spark_amqp.options import parse_source_options
 from spark_amqp.queues.channel_policy import ChannelPolicy
+from spark_amqp.queues.options import parse_source_options
 
 CONSUME = (60, 20)
 

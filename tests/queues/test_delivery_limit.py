@@ -160,7 +160,7 @@ def test_the_progress_shows_the_highest_delivery_count(amqp_url: str, names) -> 
 
 def test_max_delivery_count_options() -> None:
     from spark_amqp.errors import AmqpOptionError
-    from spark_amqp.options import parse_source_options
+    from spark_amqp.queues.options import parse_source_options
 
     base = {"uri": "amqp://h", "queue": "q"}
     assert parse_source_options(base).max_delivery_count is None

@@ -360,7 +360,7 @@ def test_a_damaged_journal_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_options_for_exactly_once() -> None:
     from spark_amqp.errors import AmqpOptionError
-    from spark_amqp.options import parse_source_options
+    from spark_amqp.queues.options import parse_source_options
 
     base = {"uri": "amqp://h", "queue": "q"}
     opts = parse_source_options({**base, "journalLocation": "/tmp/j"})

@@ -130,8 +130,8 @@ def test_entries_expire() -> None:
 
 def test_deliveries_after_a_session_loss_in_the_same_pump_are_kept() -> None:
     """Regression: a lost session and the next session's deliveries drained together."""
-    from spark_amqp.options import parse_source_options
     from spark_amqp.queues.inbox import SessionClosed
+    from spark_amqp.queues.options import parse_source_options
     from spark_amqp.queues.runtime import SourceRuntime
 
     class FakeSession:
@@ -165,8 +165,8 @@ def test_available_now_waits_for_data_instead_of_ending_the_run() -> None:
     """Regression: returning the start offset ends a Trigger.AvailableNow run early."""
     import threading
 
-    from spark_amqp.options import parse_source_options
     from spark_amqp.queues.available_now import AvailableNow
+    from spark_amqp.queues.options import parse_source_options
     from spark_amqp.queues.runtime import SourceRuntime
 
     class FakeSession:

@@ -384,7 +384,7 @@ def test_sigterm_handler_closes_the_connection_cleanly(embedded: EmbeddedBroker)
     script = textwrap.dedent(
         f"""
         import sys, time
-        from spark_amqp.options import parse_source_options
+        from spark_amqp.queues.options import parse_source_options
         from spark_amqp.queues.runtime import SourceRuntime
         runtime = SourceRuntime(parse_source_options({{"uri": {embedded.url!r}, "queue": "q"}}))
         runtime.ensure_started()

@@ -1,0 +1,157 @@
+"""Queue mode's options (``option("queue")``), parsed once into frozen, typed objects, before anything
+connects; the connection and trigger options are shared (``spark_amqp/options.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import AmqpOptionError
+from ..option_reader import OptionReader, redact_uri
+from ..options import (
+    CONNECTION_KEYS,
+    DEFAULT_MAX_MESSAGES_PER_TRIGGER,
+    MAX_PREFETCH,
+    ConnectionOptions,
+    TriggerOptions,
+    parse_connection,
+    parse_trigger,
+)
+
+__all__ = ["JournalOptions", "QueueDeclaration", "SourceOptions", "parse_source_options"]
+
+DEFAULT_PREFETCH = 20_000
+DEFAULT_JOURNAL_RETENTION = 1800.0
+MAX_JOURNAL_RETENTION = 7 * 86400.0
+DEDUPE_MODES = {"messageid": "messageId", "content": "content"}
+
+DEFAULT_TRIGGER = TriggerOptions(DEFAULT_MAX_MESSAGES_PER_TRIGGER)  # frozen: one instance serves every default
+
+
+@dataclass(frozen=True)
+class QueueDeclaration:
+    durable: bool
+    arguments: dict[str, Any]
+    exchange: str | None
+    binding_key: str
+
+
+@dataclass(frozen=True)
+class JournalOptions:
+    location: str  # as given: a local path, /Volumes/..., file://, s3://, ... (shown only via display_location)
+    retention: float  # seconds a copy of a journalled batch is still expected back from the broker
+
+    @property
+    def display_location(self) -> str:
+        return redact_uri(self.location)
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    connection: ConnectionOptions
+    queues: tuple[str, ...]
+    prefetch: int
+    max_messages_per_trigger: int
+    num_partitions: int | None
+    declaration: QueueDeclaration | None
+    journal: JournalOptions | None = None  # None: at-least-once
+    dedupe_by: str = "messageId"  # how a redelivered copy is recognised: "messageId" or "content"
+    exclusive_consumer: bool = False
+    trigger: TriggerOptions = DEFAULT_TRIGGER
+    # Without a journal: fail when a message's x-delivery-count reaches this (0: never); None: the
+    # default for the broker's line (16 on RabbitMQ 4.x, whose delivery-limit is 20 by default; off on 3.x).
+    max_delivery_count: int | None = None
+
+
+SOURCE_KEYS = CONNECTION_KEYS | {
+    k.lower(): k
+    for k in (
+        "queue",
+        "prefetch",
+        "maxMessagesPerTrigger",
+        "minMessagesPerTrigger",
+        "maxTriggerDelay",
+        "numPartitions",
+        "declareQueue",
+        "queueDurable",
+        "queueArguments",
+        "bindExchange",
+        "bindingKey",
+        "journalLocation",
+        "journalRetention",
+        "dedupeBy",
+        "exclusiveConsumer",
+        "maxDeliveryCount",
+    )
+}
+
+
+def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
+    r = OptionReader(options, SOURCE_KEYS)
+    connection = parse_connection(r)
+    queues = r.names("queue", "queue")
+    max_per_trigger = r.integer("maxMessagesPerTrigger", DEFAULT_MAX_MESSAGES_PER_TRIGGER, 1)
+    assert max_per_trigger is not None
+    default_prefetch = min(MAX_PREFETCH, max(DEFAULT_PREFETCH, 2 * max_per_trigger))
+    prefetch = r.integer("prefetch", default_prefetch, 1, MAX_PREFETCH)
+    assert prefetch is not None
+    journalled = r.text("journalLocation") is not None
+    # Without a journal one batch waits for its commit while the next fills; both are unacked.
+    # With one, a batch is acknowledged as soon as it is journalled.
+    if prefetch < (1 if journalled else 2) * max_per_trigger:
+        if journalled:
+            raise AmqpOptionError(
+                f"option 'prefetch' ({prefetch}) must be at least 'maxMessagesPerTrigger' ({max_per_trigger}): a batch is "
+                f"taken from the deliveries the prefetch window lets in; raise 'prefetch' or lower 'maxMessagesPerTrigger'"
+            )
+        raise AmqpOptionError(
+            f"option 'prefetch' ({prefetch}) must be at least twice 'maxMessagesPerTrigger' ({max_per_trigger}): "
+            "a committed batch stays unacknowledged until the next one is planned, so both must fit in the "
+            f"prefetch window; raise 'prefetch' to {2 * max_per_trigger} or lower 'maxMessagesPerTrigger' (with "
+            "journalLocation, prefetch need only hold one batch)"
+        )
+    declaration = None
+    if r.boolean("declareQueue", False):
+        declaration = QueueDeclaration(
+            durable=r.boolean("queueDurable", True),
+            arguments=r.json_object("queueArguments"),
+            exchange=r.text("bindExchange"),
+            binding_key=r.text("bindingKey", "") or "",
+        )
+    else:
+        stray = [r.name(k) for k in ("queueDurable", "queueArguments", "bindExchange", "bindingKey") if r.text(k) is not None]
+        if stray:
+            raise AmqpOptionError(f"option(s) {', '.join(stray)} only apply with declareQueue=true")
+    journal = None
+    location = r.text("journalLocation")
+    if location is not None:
+        if location.strip() == "":
+            raise AmqpOptionError("option 'journalLocation' is empty: give a directory on durable storage, or leave it out")
+        journal = JournalOptions(location.strip(), r.number("journalRetention", DEFAULT_JOURNAL_RETENTION, 1.0, MAX_JOURNAL_RETENTION))
+    elif r.text("journalRetention") is not None:
+        raise AmqpOptionError("option 'journalRetention' only applies with option 'journalLocation'")
+    max_delivery_count = r.integer("maxDeliveryCount", None, 0, 1_000_000)
+    if journal is not None and max_delivery_count is not None:
+        raise AmqpOptionError(
+            "option 'maxDeliveryCount' only applies without 'journalLocation': with a journal, a message a quorum queue "
+            "returned is journalled and acknowledged at once, so its delivery-limit cannot drop it"
+        )
+    dedupe = (r.text("dedupeBy", "messageId") or "").strip()
+    if dedupe.lower() not in DEDUPE_MODES:
+        raise AmqpOptionError(f"option 'dedupeBy' must be messageId or content, got {dedupe!r}")
+    trigger = parse_trigger(r, max_per_trigger)
+    return SourceOptions(
+        connection=connection,
+        queues=queues,
+        prefetch=prefetch,
+        max_messages_per_trigger=max_per_trigger,
+        num_partitions=r.integer("numPartitions", None, 1, 10_000),
+        declaration=declaration,
+        journal=journal,
+        dedupe_by=DEDUPE_MODES[dedupe.lower()],
+        # Exactly-once holds only while one query reads each queue: enforce it by default.
+        exclusive_consumer=r.boolean("exclusiveConsumer", journal is not None),
+        trigger=trigger,
+        max_delivery_count=max_delivery_count,
+    )
