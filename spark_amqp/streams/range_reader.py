@@ -5,8 +5,8 @@ grant credit on a stream; nothing is deleted) as rows come in. It stops at the
 range's last offset and drops whatever a chunk brought beyond it, so a task
 never yields an offset outside its range, and a replay yields the same rows.
 A lost connection resumes after the last offset read, with backoff and
-without a deadline once the task has read from the broker: a broker restart
-only delays the task.
+without a deadline (the planner reached the broker before the task was
+planned): a broker restart only delays the task.
 """
 
 from __future__ import annotations
@@ -188,16 +188,15 @@ class _RangeReader:
         """No delivery for ``timeout`` seconds, although the planner saw these offsets: a stalled connection,
         or a stream deleted and declared again since (its offsets start over). Asking where it ends tells which."""
         silent = ConnectionLost(f"no delivery for {timeout:g}s at offset {self.next_offset} (this batch reads up to {self.part.end - 1})")
-        unknown = -1
-        last: int | None = unknown
+        end: int | None = None  # where the stream ends now, if the broker says
         if self.client is not None and not self.client.closed.done():
             try:
                 last = await probe.tail(self.client, self.part.stream)
+                end = 0 if last is None else last + 1
             except Exception as err:
                 if not is_transient(err):
                     raise self._explained(err) from err
-        if last is None or (last != unknown and last < self.next_offset):
-            end = 0 if last is None else last + 1
+        if end is not None and end <= self.next_offset:
             raise AmqpSourceError(
                 f"stream '{self.part.stream}' now ends at offset {end}, but this batch reads it from {self.next_offset} up to "
                 f"{self.part.end - 1}, which it held when the batch was planned: the stream was deleted and declared again "
