@@ -17,6 +17,7 @@ from ..client.blocking import BlockingClient
 from ..errors import AmqpSourceError, BrokerUnreachable
 from ..reading.admission import Admission
 from . import probe
+from .identity import Identities
 from .offset import UNSET, StreamOffset
 from .options import StreamSourceOptions
 from .ranges import StreamRange, limit_ends, split
@@ -36,6 +37,7 @@ class StreamPlanner:
         self._backlog: dict[str, Any] | None = None
         self._backlog_at = -BACKLOG_INTERVAL
         self.tails = TailWatch()
+        self.identities = Identities(self.client, self.tails, options.fail_on_data_loss)
         self._dropped: set[str] = set()  # streams of the checkpoint no longer read, already reported
         self._known: dict[str, int] | None = None  # the last ends measured
         self._backoff = Backoff()
@@ -71,9 +73,15 @@ class StreamPlanner:
             ends = self.ends()
             fixed = {s: self._moving_start(s, ends[s]) for s in unset}
             log.info("AMQP source: streams start at %s", fixed)
-            return StreamOffset.of({**origin.as_dict(), **fixed})
+            return StreamOffset.of({**origin.as_dict(), **fixed}, origin.marks_dict())
         starts = {s: origin.get(s) for s in self.options.streams}
         ends = self.ends()
+        try:
+            # Once started, an outage that keeps the check from running means no new batch yet.
+            self.identities.check(origin, self.options.streams, None if self._known is None else 0.0)
+        except BrokerUnreachable as err:
+            log.warning("AMQP source: %s; no new batch until the broker answers", err)
+            return StreamOffset.of(starts, origin.marks_dict())
         for stream in self.options.streams:
             if ends[stream] == 0:
                 # Empty now: nothing to read. What is written next says whether retention emptied it
@@ -91,11 +99,11 @@ class StreamPlanner:
         now = time.monotonic()
         take = self.admission.admit(available, now, max_rows, use_minimum)
         if take == 0:
-            return StreamOffset.of(starts)  # the origin, less any stream no longer read
+            return StreamOffset.of(starts, origin.marks_dict())  # the origin, less any stream no longer read
         if take < available:
             ends = limit_ends(starts, ends, take)
         self.admission.fired(now)
-        return StreamOffset.of(ends)
+        return StreamOffset.of(ends, self.identities.marks_for(ends, origin))
 
     def _check_dropped(self, origin: StreamOffset) -> None:
         """A stream the checkpoint reads but the options no longer name: its unread messages would never be
@@ -116,6 +124,8 @@ class StreamPlanner:
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[StreamRange]:
         first, last = StreamOffset.from_json(start), StreamOffset.from_json(end)
         self.last_end = last
+        for known in (last, first):  # after a restart: the batch Spark replays must read the same streams
+            self.identities.check(known, self.options.streams)
         starts, ends = {}, {}
         for stream, stop in last.positions:
             begin = first.get(stream)

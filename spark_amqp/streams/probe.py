@@ -35,7 +35,7 @@ from .. import framing
 from ..client import AmqpClient
 from ..reading.stream_consumers import consume, not_a_stream, stream_offset
 
-__all__ = ["EMPTY_WAIT", "head", "offset_at", "tail"]
+__all__ = ["EMPTY_WAIT", "head", "message_at", "offset_at", "tail"]
 
 # How long a stream whose message count reads 0 is given to send its first delivery.
 EMPTY_WAIT = 1.0
@@ -44,40 +44,61 @@ TAIL_PREFETCH = 2000
 _tags = itertools.count(1)
 
 
-async def tail(client: AmqpClient, stream: str) -> int | None:
-    """The offset of the stream's last message; None if it has none."""
-    offsets = await _probe(client, stream, "last", TAIL_PREFETCH, to_the_end=True)
-    return max(offsets) if offsets else None
+async def tail(client: AmqpClient, stream: str) -> tuple[int, bytes] | None:
+    """The offset and body of the stream's last message; None if it has none."""
+    return (await _probe(client, stream, "last", TAIL_PREFETCH, to_the_end=True)).last
 
 
 async def head(client: AmqpClient, stream: str) -> int | None:
     """The first offset still in the stream (retention removes whole segments from the head); None if empty."""
-    offsets = await _probe(client, stream, "first", 1, to_the_end=False)
-    return offsets[0] if offsets else None
+    found = (await _probe(client, stream, "first", 1, to_the_end=False)).first
+    return None if found is None else found[0]
+
+
+async def message_at(client: AmqpClient, stream: str, offset: int) -> tuple[int, bytes] | None:
+    """The offset and body of the first message at or after ``offset`` (RabbitMQ skips the earlier ones
+    of its chunk); None if the stream has none there."""
+    return (await _probe(client, stream, offset, 1, to_the_end=False)).first
 
 
 async def offset_at(client: AmqpClient, stream: str, epoch_ms: int) -> int | None:
     """The first offset of the first chunk written at or after ``epoch_ms`` (to the second); None if none is."""
     moment = datetime.datetime.fromtimestamp(epoch_ms // 1000, tz=datetime.timezone.utc)
-    offsets = await _probe(client, stream, moment, 1, to_the_end=False)
-    return offsets[0] if offsets else None
+    found = (await _probe(client, stream, moment, 1, to_the_end=False)).first
+    return None if found is None else found[0]
 
 
-async def _probe(client: AmqpClient, stream: str, spec: Any, prefetch: int, to_the_end: bool) -> list[int]:
-    """Offsets a consumer from ``spec`` gets: the first delivery only, or every one up to the stream's end."""
+class _Seen:
+    """The first delivery and the one with the highest offset, of those a probe got."""
+
+    def __init__(self) -> None:
+        self.first: tuple[int, bytes] | None = None
+        self.last: tuple[int, bytes] | None = None
+
+    def add(self, offset: int, body: bytes) -> None:
+        if self.first is None:
+            self.first = (offset, body)
+        if self.last is None or offset > self.last[0]:
+            self.last = (offset, body)
+
+
+async def _probe(client: AmqpClient, stream: str, spec: Any, prefetch: int, to_the_end: bool) -> _Seen:
+    """What a consumer from ``spec`` gets: the first delivery only, or every one up to the stream's end."""
     channel = await client.channel()
-    offsets: list[int] = []
+    seen = _Seen()
+    count = 0
     last_tag = 0
     foreign = False
     arrived = asyncio.Event()
 
     def on_delivery(tag: int, redelivered: bool, exchange: str, routing_key: str, props: Any, body: bytes) -> None:
-        nonlocal foreign, last_tag
+        nonlocal foreign, last_tag, count
         offset = stream_offset(props)
         if offset is None:
             foreign = True
         else:
-            offsets.append(offset)
+            seen.add(offset, body)
+            count += 1
         last_tag = tag
         arrived.set()
 
@@ -92,9 +113,9 @@ async def _probe(client: AmqpClient, stream: str, spec: Any, prefetch: int, to_t
             await asyncio.wait_for(arrived.wait(), patience)
         except asyncio.TimeoutError:
             pass  # an empty stream, or one that has nothing at or after that moment
-        seen = 0
-        while to_the_end and len(offsets) > seen and not foreign:
-            seen = len(offsets)
+        counted = 0
+        while to_the_end and count > counted and not foreign:
+            counted = count
             channel.ack(last_tag, True)
             await channel.rpc(qos)  # a barrier: what the ack made readable comes before its reply
         await channel.rpc(framing.build(commands.Basic.Cancel, consumer_tag=tag))
@@ -102,4 +123,4 @@ async def _probe(client: AmqpClient, stream: str, spec: Any, prefetch: int, to_t
         await channel.close()
     if foreign:
         raise not_a_stream(stream)
-    return sorted(offsets)
+    return seen

@@ -192,7 +192,7 @@ class _RangeReader:
         if self.client is not None and not self.client.closed.done():
             try:
                 last = await probe.tail(self.client, self.part.stream)
-                end = 0 if last is None else last + 1
+                end = 0 if last is None else last[0] + 1
             except Exception as err:
                 if not is_transient(err):
                     raise self._explained(err) from err

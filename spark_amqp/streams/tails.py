@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from ..client import AmqpClient, ClientChannel
 from ..reading import stream_consumers
 from . import probe
+from .offset import mark_of
 
 __all__ = ["TailWatch"]
 
@@ -38,6 +39,10 @@ class TailWatch:
         self.ends: dict[str, int] = {}
         self.measured: dict[str, float] = {}
         self.moved: set[str] = set()
+        self.marks: dict[str, str] = {}  # the mark of each measured end (the last message's)
+        # Streams that may have been deleted and declared again unseen: their watcher was cancelled, or the
+        # connection that held it was replaced. ``Identities`` checks their positions again.
+        self.suspects: set[str] = set()
         self.probes = 0  # how many times an end was measured (for tests and logs)
 
     async def ends_of(self, client: AmqpClient, streams: Sequence[str]) -> dict[str, int]:
@@ -48,7 +53,9 @@ class TailWatch:
     async def end(self, client: AmqpClient, stream: str) -> int:
         """The offset after the stream's last message (0 when it has none)."""
         if client is not self.client:  # a new connection: every watcher went with the old one
-            self.client, self.watchers, self.ends, self.moved = client, {}, {}, set()
+            if self.client is not None:
+                self.suspects.update(self.ends)
+            self.client, self.watchers, self.ends, self.moved, self.marks = client, {}, {}, set(), {}
         watcher = self.watchers.get(stream)
         fresh = time.monotonic() - self.measured.get(stream, -REMEASURE) < REMEASURE
         if watcher is not None and watcher.is_open and stream not in self.moved and stream in self.ends and fresh:
@@ -59,8 +66,16 @@ class TailWatch:
         last = await probe.tail(client, stream)
         self.probes += 1
         self.measured[stream] = time.monotonic()
-        self.ends[stream] = 0 if last is None else last + 1
+        self.ends[stream] = 0 if last is None else last[0] + 1
+        if last is None:
+            self.marks.pop(stream, None)
+        else:
+            self.marks[stream] = mark_of(last[1])
         return self.ends[stream]
+
+    def take_suspects(self) -> set[str]:
+        taken, self.suspects = self.suspects, set()
+        return taken
 
     async def _watch(self, client: AmqpClient, stream: str) -> ClientChannel:
         channel = await client.channel()
@@ -69,7 +84,11 @@ class TailWatch:
         def on_delivery(*_: object) -> None:
             self.moved.add(stream)
 
+        def on_cancel(*_: object) -> None:
+            self.moved.add(stream)
+            self.suspects.add(stream)
+
         channel.on_delivery = on_delivery
-        channel.on_cancel = on_delivery  # deleted, or its member went: measuring again finds out which
+        channel.on_cancel = on_cancel  # deleted, or its member went: measuring again finds out which
         await stream_consumers.consume(channel, stream, f"spark-amqp-watch-{next(_tags)}", "next", 1)
         return channel

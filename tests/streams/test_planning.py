@@ -137,3 +137,15 @@ def test_admission_waits_for_the_minimum_until_the_delay_passes() -> None:
 )
 def test_judge_gap(start: int, first: int, head: int | None, verdict: tuple[int, bool] | None) -> None:
     assert judge_gap(StreamRange("s", 0, 50), start, first, head) == verdict
+
+
+def test_offset_marks_round_trip_and_older_checkpoints_still_read() -> None:
+    mark = "0123456789abcdef"
+    off = StreamOffset.of({"a": 5, "b": 0, "c": UNSET}, {"a": mark, "b": mark, "c": mark})
+    assert off.key == '{"a":[5,"0123456789abcdef"],"b":0,"c":-1}'  # no mark where nothing was read
+    back = StreamOffset.from_json(off.key)
+    assert back.mark("a") == mark and back.key == off.key
+    assert StreamOffset.from_json({"a": 5}).mark("a") is None  # a checkpoint written before marks
+    for bad in ({"a": [5, "short"]}, {"a": [5, 7]}, {"a": ["5", mark]}, {"a": [5, mark, 1]}):
+        with pytest.raises(AmqpSourceError, match="not a stream offset"):
+            StreamOffset.from_json(bad)
