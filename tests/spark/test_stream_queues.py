@@ -15,6 +15,7 @@ import pyspark
 import pytest
 from pyspark.sql import functions as F
 
+from spark_amqp.streams.offset import mark_of
 from spark_amqp.streams.planner import StreamPlanner
 from spark_amqp.streams.ranges import StreamRange
 
@@ -82,9 +83,9 @@ def test_a_stream_is_read_in_parallel_tasks_each_in_offset_order(spark, amqp_url
     for pairs in by_task.values():
         offsets = [o for _, o in sorted(pairs)]
         assert offsets == list(range(offsets[0], offsets[0] + len(offsets)))  # one contiguous range, in order
-    # The checkpoint holds stream positions: the next offset to read.
+    # The checkpoint holds stream positions, the next offset to read, each with the mark of the message before it.
     logged = sorted((tmp_path / "c" / "offsets").glob("[0-9]*"))
-    assert json.loads(logged[-1].read_text().splitlines()[-1]) == {s: 4000}
+    assert json.loads(logged[-1].read_text().splitlines()[-1]) == {s: [4000, mark_of(b"b3999")]}
 
 
 def _progress_sources(query) -> list[tuple[int, object]]:  # type: ignore[no-untyped-def]
