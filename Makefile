@@ -22,7 +22,7 @@ TEST_WORKERS ?= 4
 PERFTEST_DIR := .cache/perftest
 PERFTEST_STAMP := $(PERFTEST_DIR)/.stamp
 
-.PHONY: install jars perftest wheel test test-matrix $(PYSPARK_LINES:%=test-pyspark%) lint demo bench broker rabbitmq clean
+.PHONY: install jars perftest wheel test test-matrix test-python3.10 $(PYSPARK_LINES:%=test-pyspark%) lint demo bench broker rabbitmq clean
 
 $(STAMP): pyproject.toml conf/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -105,6 +105,21 @@ $(PYSPARK_LINES:%=test-pyspark%): test-pyspark%: .venv-pyspark%/.wheel
 ## The Spark tests on every other PySpark line; `make test` covers the pinned one.
 test-matrix: $(PYSPARK_LINES:%=test-pyspark%)
 
+## The tests without Spark on Python 3.10, the oldest Python the package supports (with pamqp 3.x,
+## what 3.10 gets), on the embedded broker: what differs by Python version is the language and
+## its libraries, which every broker exercises alike. The interpreter is Ubuntu 22.04's
+## (tools/python3.10); pip comes from the project's venv.
+PY310_VENV := .venv-python3.10
+$(PY310_VENV)/.installed: $(STAMP) conf/constraints-python3.10.txt pyproject.toml
+	rm -rf $(PY310_VENV)
+	py=$$(tools/python3.10 install) && "$$py" -m venv --without-pip $(PY310_VENV)
+	$(PY) -m pip --python $(PY310_VENV)/bin/python install --quiet pip
+	$(PY310_VENV)/bin/python -m pip install --quiet -c conf/constraints-python3.10.txt -e . pyspark pika pytest pytest-timeout pytest-xdist
+	touch $@
+
+test-python3.10: $(PY310_VENV)/.installed
+	env -u AMQP_TEST_BROKERS -u AMQP_TEST_URL -u AMQP_TEST_DENYING_URL $(PY310_VENV)/bin/python -m pytest -m "not spark" -n $(TEST_WORKERS) -p no:cacheprovider $(PYTEST_ARGS)
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -127,4 +142,4 @@ bench: $(STAMP) $(JARS_STAMP) $(PERFTEST_STAMP)
 	else echo "benchmarks/stream_throughput.py skipped: it needs RabbitMQ with stream queues in AMQP_TEST_URL"; fi
 
 clean:
-	rm -rf $(VENV) $(PYSPARK_LINES:%=.venv-pyspark%) build dist .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(PY310_VENV) $(PYSPARK_LINES:%=.venv-pyspark%) build dist .pytest_cache .mypy_cache .ruff_cache

@@ -164,3 +164,14 @@ def test_a_table_that_overruns_its_size_is_left_to_the_full_decode() -> None:
         assert find_header(raw, b"x-stream-offset") is None
         lazy = LazyProperties(raw)
         assert lazy.pop_long_header("x-stream-offset") is None and lazy.undecodable
+
+
+@pytest.mark.parametrize("value", [-1, -128, 127, -129, 65535, -(2**40)])
+def test_a_small_negative_integer_in_a_field_table_is_a_signed_octet_on_every_pamqp(value: int) -> None:
+    # pamqp 3.x (Python 3.10's newest) packed -128..-1 unsigned and raised struct.error: a consumer argument
+    # x-priority=-1, or a stream offset of -1, could not be sent. spark_amqp.pamqp_fixes puts pamqp 4's
+    # encoding in place there.
+    consume = framing.build(commands.Basic.Consume, queue="q", consumer_tag="t", arguments={"x-priority": value})
+    frame = framing.method_frame(1, consume)
+    decoded = framing.decode_method(frame[7:-1])  # the payload, without the frame header and end
+    assert isinstance(decoded, commands.Basic.Consume) and decoded.arguments == {"x-priority": value}
