@@ -22,6 +22,20 @@ class ChannelPolicy:
         self.options = options
         self._subscribed_once: set[str] = set()
         self._exclusive_refused_since: dict[str, float] = {}
+        self._shared: dict[str, int] = {}  # queue -> consumers last counted, when more than ours
+
+    def counted(self, queue: str, consumers: int) -> None:
+        """A depth check counted ``consumers`` on ``queue``: more than ours is worth a warning (once per count)
+        where the query must be the queue's only consumer."""
+        shared = consumers if consumers > 1 and self.options.exclusive_consumer else 0
+        if shared and self._shared.get(queue) != shared:
+            log.warning(
+                "AMQP source: queue '%s' has %d consumers; this query holds it, the newcomer should fail (an exactly-"
+                "once query checks when it subscribes). Until it does, it takes messages from this query.",
+                queue,
+                shared,
+            )
+        self._shared[queue] = shared
 
     def subscribed(self, queue: str) -> None:
         self._subscribed_once.add(queue)

@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import signal
 import sys
 import time
 import uuid
 from collections import Counter, deque
 from dataclasses import dataclass
-from types import FrameType
 from typing import Any
 
 from ..errors import AmqpSourceError
@@ -35,10 +32,10 @@ from .ledger import Entry, RedeliveryFilter, SessionLedger
 from .offset import AmqpSourceOffset, QueuePosition
 from .options import DEFAULT_JOURNAL_RETENTION, SourceOptions
 from .session import ConsumerSession
+from .sigterm import in_source_runner, shut_down_first
 
 log = logging.getLogger("spark_amqp.queues")
 
-RUNNER_MODULE = "pyspark.sql.streaming.python_streaming_source_runner"
 AUTO_PARTITION_ROWS = 25_000
 BACKLOG_INTERVAL = 1.0  # at most one round of passive declares a second for the progress report
 HELD = sys.maxsize  # with a journal, every batch's messages are in it: all of them may be acknowledged
@@ -83,7 +80,6 @@ class SourceRuntime:
         self.returns_guard = DeliveryLimitGuard()
         self._backlog: dict[str, Any] | None = None
         self._backlog_at = -BACKLOG_INTERVAL
-        self._terminating = False
 
     @property
     def buffer(self) -> deque[Entry]:
@@ -98,8 +94,8 @@ class SourceRuntime:
     def ensure_started(self) -> ConsumerSession:
         if self.session is None:
             self.session = ConsumerSession(self.options, self.run_id)
-            if _in_source_runner():
-                self._install_sigterm_handler()
+            if in_source_runner():
+                shut_down_first(self.shutdown)
             self.session.start()
         self.session.check()
         return self.session
@@ -107,21 +103,6 @@ class SourceRuntime:
     def shutdown(self) -> None:
         if self.session is not None:
             self.session.stop()
-
-    def _install_sigterm_handler(self) -> None:
-        # Spark stops a query by sending the runner SIGTERM; give unacked deliveries
-        # back and close the connection first, so they return to their queues at once.
-        def on_sigterm(signum: int, frame: FrameType | None) -> None:
-            if self._terminating:
-                return
-            self._terminating = True
-            try:
-                self.shutdown()
-            finally:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                os.kill(os.getpid(), signal.SIGTERM)
-
-        signal.signal(signal.SIGTERM, on_sigterm)
 
     # -- Spark's calls ------------------------------------------------------------
 
@@ -400,9 +381,3 @@ class SourceRuntime:
     def _retire(self, force: bool = False) -> None:
         if self.journalled is not None:
             self.journalled.retire(self.committed_seq, self.ledgers.values(), force)
-
-
-def _in_source_runner() -> bool:
-    main = sys.modules.get("__main__")
-    spec = getattr(main, "__spec__", None)
-    return getattr(spec, "name", None) == RUNNER_MODULE

@@ -60,7 +60,6 @@ class ConsumerSession:
         self._consuming: set[str] = set()
         self._policy = ChannelPolicy(options)
         self._last_error = ""
-        self._shared: dict[str, int] = {}  # queue -> consumers last counted, when more than ours
         self.server_version: tuple[int, int] | None = None  # the broker's, once connected
         self._main: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Future[None]] = set()
@@ -373,17 +372,8 @@ class ConsumerSession:
         if client is None or client.closed.done():
             raise AmqpSourceError(f"not connected to {self.options.connection.display_uri} (reconnecting)")
         stats = await queue_stats(client, self.options.queues)
-        if self.options.exclusive_consumer:
-            for queue, s in stats.items():
-                shared = s.consumers if s.consumers > 1 else 0
-                if shared and self._shared.get(queue) != shared:
-                    log.warning(
-                        "AMQP source: queue '%s' has %d consumers; this query holds it, the newcomer should fail (an exactly-"
-                        "once query checks when it subscribes). Until it does, it takes messages from this query.",
-                        queue,
-                        shared,
-                    )
-                self._shared[queue] = shared
+        for queue, counted in stats.items():
+            self._policy.counted(queue, counted.consumers)
         return {q: s.ready for q, s in stats.items()}
 
     async def _cancel_all(self) -> None:

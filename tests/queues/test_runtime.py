@@ -388,7 +388,8 @@ def test_sigterm_handler_closes_the_connection_cleanly(embedded: EmbeddedBroker)
         from spark_amqp.queues.runtime import SourceRuntime
         runtime = SourceRuntime(parse_source_options({{"uri": {embedded.url!r}, "queue": "q"}}))
         runtime.ensure_started()
-        runtime._install_sigterm_handler()
+        from spark_amqp.queues.sigterm import shut_down_first
+        shut_down_first(runtime.shutdown)
         runtime.latest_offset(None, None)  # plans a batch: 20 unacked, never committed
         print("ready", flush=True)
         sys.stdin.read()  # blocked like the runner on its socket
