@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, DataSourceStreamWriter, DataSourceWriter
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, DataSourceStreamWriter, DataSourceWriter
 from pyspark.sql.types import StructType
 
+from .errors import AmqpOptionError
 from .options import SinkOptions, parse_sink_options
 from .queues.options import SourceOptions, parse_source_options
 from .reading.arrow import SCHEMA_DDL, STREAM_SCHEMA_DDL
@@ -61,6 +62,18 @@ class AmqpDataSource(DataSource):
         if is_stream_mode(self.options):
             return parse_stream_options(self.options)
         return parse_source_options(self.options)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        options = self.source_options()
+        if isinstance(options, StreamSourceOptions):
+            from .streams.batch import StreamBatchReader
+
+            return StreamBatchReader(options)
+        raise AmqpOptionError(
+            f"spark.read cannot read queue '{options.queues[0]}': a batch read has no point at which Spark has committed "
+            "its rows, so it could never acknowledge them safely. Read a stream queue with option 'stream' (a bounded "
+            "range, nothing acknowledged), or this queue with spark.readStream and trigger(availableNow=True)"
+        )
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         options = self.source_options()

@@ -9,16 +9,30 @@ anything connects; connection options are shared with queue mode.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from ..errors import AmqpOptionError
 from ..option_reader import OptionReader
 from ..options import CONNECTION_KEYS, MAX_PREFETCH, ConnectionOptions, TriggerOptions, parse_connection, parse_trigger
 
-__all__ = ["STARTS", "StreamSourceOptions", "is_stream_mode", "parse_stream_options"]
+__all__ = ["STARTS", "At", "End", "Start", "StreamSourceOptions", "is_stream_mode", "parse_stream_options"]
 
 STARTS = ("first", "last", "next")
+ENDING_KEYS = ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class At:
+    """A moment in epoch milliseconds: the position of the first chunk written at or after it."""
+
+    epoch_ms: int
+
+
+Start = str | int | At  # "first", "last", "next", an offset, or a moment
+End = str | int | At  # "latest" (the end when the read is planned), an offset (exclusive), or a moment
 DEFAULT_MIN_PARTITION_SIZE = 50_000
 DEFAULT_STREAM_PREFETCH = 2_000
 
@@ -30,6 +44,10 @@ STREAM_KEYS = CONNECTION_KEYS | {
         "superStreamPartitions",
         "startingOffsets",
         "startingTimestamp",
+        "startingOffsetsByTimestamp",
+        "endingOffsets",
+        "endingTimestamp",
+        "endingOffsetsByTimestamp",
         "failOnDataLoss",
         "maxMessagesPerTrigger",
         "minMessagesPerTrigger",
@@ -58,17 +76,21 @@ QUEUE_ONLY = {
 class StreamSourceOptions:
     connection: ConnectionOptions
     streams: tuple[str, ...]
-    # where a new query starts, per stream: "first", "last", "next" or an offset
-    starting: tuple[tuple[str, str | int], ...]
-    starting_timestamp: int | None  # epoch milliseconds, instead of ``starting``
+    # where a new query (or a batch read) starts, per stream
+    starting: tuple[tuple[str, Start], ...]
+    # where a batch read (spark.read) ends, per stream: "latest" when not given; a streaming query refuses it
+    ending: tuple[tuple[str, End], ...]
     fail_on_data_loss: bool
     trigger: TriggerOptions
     num_partitions: int | None
     min_partition_size: int
     prefetch: int
 
-    def start_of(self, stream: str) -> str | int:
+    def start_of(self, stream: str) -> Start:
         return dict(self.starting).get(stream, "first")
+
+    def end_of(self, stream: str) -> End:
+        return dict(self.ending).get(stream, "latest")
 
 
 def is_stream_mode(options: Mapping[str, str]) -> bool:
@@ -82,13 +104,14 @@ def parse_stream_options(options: Mapping[str, str]) -> StreamSourceOptions:
     r = OptionReader(options, STREAM_KEYS)
     connection = parse_connection(r)
     streams = _streams(r)
-    starting, timestamp = _starting(r, streams)
+    starting = _starting(r, streams)
+    ending = _ending(r, streams)
     max_messages = r.integer("maxMessagesPerTrigger", None, 1)
     return StreamSourceOptions(
         connection=connection,
         streams=streams,
         starting=starting,
-        starting_timestamp=timestamp,
+        ending=ending,
         fail_on_data_loss=r.boolean("failOnDataLoss", True),
         trigger=parse_trigger(r, max_messages),
         num_partitions=r.integer("numPartitions", None, 1, 10_000),
@@ -121,41 +144,93 @@ def _streams(r: OptionReader) -> tuple[str, ...]:
     return streams
 
 
-def _starting(r: OptionReader, streams: tuple[str, ...]) -> tuple[tuple[tuple[str, str | int], ...], int | None]:
-    raw = r.text("startingOffsets")
-    stamp = r.integer("startingTimestamp", None, 0)
-    if raw is not None and stamp is not None:
-        raise AmqpOptionError("options 'startingOffsets' and 'startingTimestamp' exclude each other: give one")
-    if stamp is not None:
-        return (), stamp
-    if raw is None:
-        return tuple((s, "first") for s in streams), None
-    text = raw.strip()
-    if text.lower() in STARTS:
-        return tuple((s, text.lower()) for s in streams), None
+def _one_of(r: OptionReader, keys: tuple[str, str, str]) -> str | None:
+    """Which of an offsets option, its timestamp and its per-stream timestamps was given (at most one)."""
+    given = [k for k in keys if r.text(k) is not None]
+    if len(given) > 1:
+        raise AmqpOptionError(f"options {' and '.join(repr(k) for k in given)} exclude each other: give one")
+    return given[0] if given else None
+
+
+def _per_stream(
+    r: OptionReader, key: str, streams: tuple[str, ...], value: Callable[[str, Any], T | None], wanted: str
+) -> tuple[tuple[str, T], ...]:
+    """A JSON object with an entry for every stream read, each checked by ``value`` (None: refused)."""
+    raw = r.text(key) or ""
     try:
-        given = json.loads(text)
+        given = json.loads(raw)
     except json.JSONDecodeError:
-        raise AmqpOptionError(
-            f"option 'startingOffsets' must be first, last, next or a JSON object of offsets per stream, got {raw!r}"
-        ) from None
+        given = None
     if not isinstance(given, dict):
-        raise AmqpOptionError(f"option 'startingOffsets' must be a JSON object such as {{\"{streams[0]}\": 0}}, got {raw!r}")
+        raise AmqpOptionError(f"option '{key}' must be {wanted}, e.g. {{\"{streams[0]}\": 0}}; got {raw!r}")
     unknown = sorted(set(given) - set(streams))
     missing = [s for s in streams if s not in given]
     if unknown:
-        raise AmqpOptionError(f"option 'startingOffsets' names streams this query does not read: {', '.join(unknown)}")
+        raise AmqpOptionError(f"option '{key}' names streams this query does not read: {', '.join(unknown)}")
     if missing:
-        raise AmqpOptionError(f"option 'startingOffsets' has no offset for: {', '.join(missing)} (give first, last, next or a number)")
-    starting: list[tuple[str, str | int]] = []
+        raise AmqpOptionError(f"option '{key}' has no entry for: {', '.join(missing)}")
+    out: list[tuple[str, T]] = []
     for stream in streams:
-        value = given[stream]
-        if isinstance(value, str) and value.lower() in STARTS:
-            starting.append((stream, value.lower()))
-        elif isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            starting.append((stream, value))
-        else:
-            raise AmqpOptionError(
-                f"option 'startingOffsets': stream '{stream}' must start at first, last, next or an offset >= 0, got {value!r}"
-            )
-    return tuple(starting), None
+        checked = value(stream, given[stream])
+        if checked is None:
+            raise AmqpOptionError(f"option '{key}': stream '{stream}' has {given[stream]!r}, which is not {wanted}")
+        out.append((stream, checked))
+    return tuple(out)
+
+
+def _offset(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _moment(stream: str, value: Any) -> At | None:
+    ms = _offset(value)
+    return None if ms is None else At(ms)
+
+
+def _start(stream: str, value: Any) -> Start | None:
+    if isinstance(value, str) and value.strip().lower() in (*STARTS, "latest"):
+        word = value.strip().lower()
+        return "next" if word == "latest" else word
+    return _offset(value)
+
+
+def _end(stream: str, value: Any) -> End | None:
+    if isinstance(value, str) and value.strip().lower() == "latest":
+        return "latest"
+    return _offset(value)
+
+
+def _starting(r: OptionReader, streams: tuple[str, ...]) -> tuple[tuple[str, Start], ...]:
+    key = _one_of(r, ("startingOffsets", "startingTimestamp", "startingOffsetsByTimestamp"))
+    if key == "startingTimestamp":
+        stamp = r.integer(key, None, 0)
+        return tuple((s, At(stamp)) for s in streams if stamp is not None)
+    if key == "startingOffsetsByTimestamp":
+        return _per_stream(r, key, streams, _moment, "a JSON object of epoch milliseconds per stream")
+    if key is None:
+        return tuple((s, "first") for s in streams)
+    word = _start("", r.text(key))
+    if isinstance(word, str):
+        return tuple((s, word) for s in streams)
+    wanted = "first, last, next (latest) or an offset >= 0"
+    if not (r.text(key) or "").strip().startswith("{"):
+        raise AmqpOptionError(
+            f"option 'startingOffsets' must be first, last, next (or latest) or a JSON object of offsets per stream, got {r.text(key)!r}"
+        )
+    return _per_stream(r, key, streams, _start, wanted)
+
+
+def _ending(r: OptionReader, streams: tuple[str, ...]) -> tuple[tuple[str, End], ...]:
+    key = _one_of(r, ENDING_KEYS)
+    if key is None:
+        return ()
+    if key == "endingTimestamp":
+        stamp = r.integer(key, None, 0)
+        return tuple((s, At(stamp)) for s in streams if stamp is not None)
+    if key == "endingOffsetsByTimestamp":
+        return _per_stream(r, key, streams, _moment, "a JSON object of epoch milliseconds per stream")
+    if (r.text(key) or "").strip().lower() == "latest":
+        return tuple((s, "latest") for s in streams)
+    if not (r.text(key) or "").strip().startswith("{"):
+        raise AmqpOptionError(f"option 'endingOffsets' must be latest or a JSON object of offsets per stream, got {r.text(key)!r}")
+    return _per_stream(r, key, streams, _end, "latest or an offset >= 0")

@@ -14,12 +14,12 @@ from typing import Any
 
 from ..backoff import Backoff
 from ..client.blocking import BlockingClient
-from ..errors import AmqpSourceError, BrokerUnreachable
+from ..errors import AmqpOptionError, AmqpSourceError, BrokerUnreachable
 from ..reading.admission import Admission
 from . import probe
 from .identity import Identities
 from .offset import UNSET, StreamOffset
-from .options import StreamSourceOptions
+from .options import At, StreamSourceOptions
 from .ranges import StreamRange, limit_ends, split
 from .tails import TailWatch
 
@@ -30,6 +30,13 @@ BACKLOG_INTERVAL = 1.0  # at most one round of probes a second for the progress 
 
 class StreamPlanner:
     def __init__(self, options: StreamSourceOptions) -> None:
+        if options.ending:
+            # Refused here, not in streamReader(): PySpark 4.2 hides an error raised there behind UnboundLocalError.
+            raise AmqpOptionError(
+                "options 'endingOffsets', 'endingTimestamp' and 'endingOffsetsByTimestamp' bound a batch read "
+                "(spark.read); a streaming query has no end: leave them out, or use trigger(availableNow=True) to "
+                "stop where the streams end when the run starts"
+            )
         self.options = options
         self.client = BlockingClient(options.connection, "spark-amqp stream planner")
         self.admission = Admission(options.trigger)
@@ -190,9 +197,8 @@ class StreamPlanner:
         A timestamp with nothing at or after it means "from the end", which moves: like ``next``, the
         first batch fixes it, so that a replay of that batch after a crash starts at the same place."""
         start = self.options.start_of(stream)
-        stamp = self.options.starting_timestamp
-        if stamp is not None:
-            found = self.client.run(lambda c: probe.offset_at(c, stream, stamp), f"stream '{stream}'")
+        if isinstance(start, At):
+            found = self.client.run(lambda c: probe.offset_at(c, stream, start.epoch_ms), f"stream '{stream}'")
             if found is not None:
                 return found
             return end if moving else UNSET

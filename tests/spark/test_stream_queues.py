@@ -138,3 +138,24 @@ def test_the_sink_publishes_to_a_stream_as_to_any_queue(spark, amqp_url: str, na
     assert end == 500
     rows = offsets_and_ids(opts, StreamRange(s, 0, end))
     assert sorted(m for _, m in rows) == sorted(f"id{i}" for i in range(500))
+
+
+def test_spark_read_of_a_stream_reads_its_bounds_and_refuses_a_queue(spark, amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    publish(amqp_url, s, 0, 300)
+    df = (
+        spark.read.format("amqp")
+        .option("uri", amqp_url)
+        .option("stream", s)
+        .option("startingOffsets", json.dumps({s: 100}))
+        .option("endingOffsets", json.dumps({s: 250}))
+        .option("numPartitions", "2")
+        .load()
+    )
+    rows = [(r["offset"], r["message_id"], r["queue"]) for r in df.select("offset", "message_id", "queue").collect()]
+    assert sorted(rows) == [(i, f"m{i}", s) for i in range(100, 250)]
+    assert df.count() == 150  # a second read of the same bounds: the same rows
+    q = names.queue("classic")
+    with pytest.raises(Exception, match=rf"spark.read cannot read queue '{q}'.*trigger\(availableNow=True\)"):
+        spark.read.format("amqp").option("uri", amqp_url).option("queue", q).load().collect()

@@ -11,7 +11,7 @@ from spark_amqp.options import TriggerOptions
 from spark_amqp.queues.options import parse_source_options
 from spark_amqp.reading.admission import Admission
 from spark_amqp.streams.offset import UNSET, StreamOffset
-from spark_amqp.streams.options import is_stream_mode, parse_stream_options
+from spark_amqp.streams.options import At, is_stream_mode, parse_stream_options
 from spark_amqp.streams.ranges import StreamRange, judge_gap, limit_ends, split
 
 BASE = {"uri": "amqp://u@h:5672/v", "password": "pw"}
@@ -39,13 +39,20 @@ def test_stream_mode_is_chosen_by_the_stream_options() -> None:
         ({"stream": "s", "superStreamPartitions": "3"}, "only applies with option 'superStream'"),
         ({"stream": "s,s"}, "names a stream twice"),
         ({"stream": "s,"}, "empty name"),
-        ({"stream": "s", "startingOffsets": "earliest"}, "first, last, next or a JSON object"),
-        ({"stream": "s", "startingOffsets": "[1]"}, "must be a JSON object"),
-        ({"stream": "s,t", "startingOffsets": '{"s": 1}'}, "has no offset for: t"),
+        ({"stream": "s", "startingOffsets": "earliest"}, "first, last, next (or latest) or a JSON object"),
+        ({"stream": "s", "startingOffsets": "[1]"}, "first, last, next (or latest) or a JSON object"),
+        ({"stream": "s", "startingOffsets": "{1"}, "'startingOffsets' must be first, last, next (latest) or an offset"),
+        ({"stream": "s,t", "startingOffsets": '{"s": 1}'}, "has no entry for: t"),
         ({"stream": "s", "startingOffsets": '{"s": 1, "u": 2}'}, "does not read: u"),
-        ({"stream": "s", "startingOffsets": '{"s": -2}'}, "stream 's' must start at"),
+        ({"stream": "s", "startingOffsets": '{"s": -2}'}, "stream 's' has -2, which is not first, last, next (latest) or an offset"),
         ({"stream": "s", "startingOffsets": "first", "startingTimestamp": "1"}, "exclude each other"),
+        ({"stream": "s", "startingTimestamp": "1", "startingOffsetsByTimestamp": '{"s": 1}'}, "exclude each other"),
         ({"stream": "s", "startingTimestamp": "-5"}, "'startingTimestamp' must be at least 0"),
+        ({"stream": "s", "startingOffsetsByTimestamp": '{"s": "noon"}'}, "stream 's' has 'noon', which is not a JSON object of epoch"),
+        ({"stream": "s", "endingOffsets": "first"}, "'endingOffsets' must be latest or a JSON object"),
+        ({"stream": "s", "endingOffsets": '{"s": "last"}'}, "stream 's' has 'last', which is not latest or an offset"),
+        ({"stream": "s", "endingOffsets": "latest", "endingTimestamp": "5"}, "exclude each other"),
+        ({"stream": "s,t", "endingOffsetsByTimestamp": '{"t": 5}'}, "'endingOffsetsByTimestamp' has no entry for: s"),
         ({"stream": "s", "maxTriggerDelay": "1m"}, "only applies with option 'minMessagesPerTrigger'"),
         ({"stream": "s", "minMessagesPerTrigger": "10", "maxMessagesPerTrigger": "5"}, "larger than 'maxMessagesPerTrigger'"),
         ({"stream": "s", "minMessagesPerTrigger": "10", "maxTriggerDelay": "soon"}, "must be a duration"),
@@ -63,7 +70,12 @@ def test_starting_offsets_forms() -> None:
     assert opts(stream="s", startingOffsets="NEXT").start_of("s") == "next"
     o = opts(stream="s,t", startingOffsets='{"t": "last", "s": 42}')
     assert (o.start_of("s"), o.start_of("t")) == (42, "last")
-    assert opts(stream="s", startingTimestamp="1700000000000").starting_timestamp == 1_700_000_000_000
+    assert opts(stream="s", startingTimestamp="1700000000000").start_of("s") == At(1_700_000_000_000)
+    assert opts(stream="s", startingOffsets="Latest").start_of("s") == "next"  # Kafka's word for it
+    by_time = opts(stream="s,t", startingOffsetsByTimestamp='{"s": 5, "t": 7}', endingOffsets='{"s": 9, "t": "latest"}')
+    assert (by_time.start_of("s"), by_time.start_of("t"), by_time.end_of("s"), by_time.end_of("t")) == (At(5), At(7), 9, "latest")
+    assert opts(stream="s").end_of("s") == "latest" and opts(stream="s").ending == ()
+    assert opts(stream="s", endingTimestamp="8").end_of("s") == At(8)
     sup = opts(superStream="inv", superStreamPartitions="3")
     assert sup.streams == ("inv-0", "inv-1", "inv-2")
     assert opts(stream="s", minMessagesPerTrigger="100", maxTriggerDelay="1.5m").trigger == TriggerOptions(None, 100, 90.0)
