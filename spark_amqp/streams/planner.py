@@ -41,7 +41,7 @@ class StreamPlanner:
         self.client = BlockingClient(options.connection, "spark-amqp stream planner")
         self.admission = Admission(options.trigger)
         self.available_now: dict[str, int] | None = None
-        self._backlog: dict[str, Any] | None = None
+        self._backlog_ends: dict[str, int] | None = None
         self._backlog_at = -BACKLOG_INTERVAL
         self.tails = TailWatch()
         self.identities = Identities(self.client, self.tails, options.fail_on_data_loss)
@@ -145,15 +145,23 @@ class StreamPlanner:
         log.info("AMQP source: AvailableNow run reads up to %s", self.available_now)
 
     def backlog(self) -> dict[str, Any] | None:
-        """Where each stream ends now (next offset to be written): Spark 4.2+ shows it in the progress."""
+        """Per stream, where it ends now (the next offset to be written) and how many offsets lie between the
+        end of the batch last planned and there (Kafka's offsetsBehindLatest): Spark 4.2+ shows it in the progress."""
         now = time.monotonic()
         if now - self._backlog_at >= BACKLOG_INTERVAL:
             self._backlog_at = now
             try:
-                self._backlog = dict(self.ends())
+                self._backlog_ends = dict(self.ends())
             except AmqpSourceError as err:
                 log.debug("AMQP source: stream ends not measured: %s", err)
-        return self._backlog
+        if self._backlog_ends is None:
+            return None
+        planned = self.last_end
+        report: dict[str, Any] = {}
+        for stream, end in self._backlog_ends.items():
+            read_to = UNSET if planned is None else planned.get(stream)
+            report[stream] = {"end": end} if read_to == UNSET else {"end": end, "behind": max(0, end - read_to)}
+        return report
 
     def close(self) -> None:
         self.client.close()

@@ -123,7 +123,7 @@ def test_the_planner_finds_the_end_cheaply_and_plans_ranges(amqp_url: str, names
     ranges = p.partitions({s: 0}, end.to_json())
     assert [(r.start, r.end) for r in ranges] == [(0, 100), (100, 200), (200, 300)]
     assert p.latest_offset({s: 0}, 120, True) == StreamOffset.of({s: 120})  # Spark's ReadMaxRows
-    assert p.backlog() == {s: 300}
+    assert p.backlog() == {s: {"end": 300, "behind": 180}}  # the last batch planned ends at 120
 
 
 @pytest.mark.parametrize("tail_prefetch", [probe.TAIL_PREFETCH, 7])
@@ -595,3 +595,15 @@ def test_a_541_at_the_same_offset_is_not_retried_forever(amqp_url: str, names, m
         offsets_and_ids(options(amqp_url, s), StreamRange(s, 4, 10))
     assert attempts == [4, 4, 4]
     assert offsets_and_ids(options(amqp_url, s), StreamRange(s, 0, 4)) == [(i, f"m{i}") for i in range(4)]
+
+
+def test_the_lag_is_reported_per_stream_once_a_position_is_fixed(amqp_url: str, names, planners) -> None:  # type: ignore[no-untyped-def]
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    publish(amqp_url, s, 0, 50)
+    p = planner(planners, options(amqp_url, s, startingOffsets="next"))
+    assert p.initial_offset() == StreamOffset.of({s: UNSET})
+    assert p.backlog() == {s: {"end": 50}}  # where it starts is not fixed yet: no lag to tell
+    assert p.latest_offset({s: UNSET}, None, True) == StreamOffset.of({s: 50})
+    publish(amqp_url, s, 50, 30)
+    assert wait_for(lambda: p.backlog() == {s: {"end": 80, "behind": 30}}, timeout=10, interval=0.2)
