@@ -25,6 +25,7 @@ from ..client.blocking import BlockingClient
 from ..errors import AmqpOptionError
 from . import probe
 from .options import At, End, Start, StreamSourceOptions
+from .partitions import partitions_of
 from .range_reader import read_range
 from .ranges import StreamRange, split
 from .reader import StreamRangePartition
@@ -40,7 +41,7 @@ class StreamBatchReader(DataSourceReader):
 
     def partitions(self) -> list[InputPartition]:
         starts, ends = resolve_bounds(self.options)
-        log.info("AMQP source: batch read of %s", {s: (starts[s], ends[s]) for s in self.options.streams})
+        log.info("AMQP source: batch read of %s", {s: (starts[s], ends[s]) for s in starts})
         ranges = split(starts, ends, self.options.num_partitions, self.options.min_partition_size)
         return [StreamRangePartition(i, r.stream, r.start, r.end) for i, r in enumerate(ranges)]
 
@@ -55,14 +56,16 @@ def resolve_bounds(options: StreamSourceOptions) -> tuple[dict[str, int], dict[s
     starts: dict[str, int] = {}
     ends: dict[str, int] = {}
     try:
-        for stream in options.streams:
+        name = options.discover
+        streams = options.streams if name is None else client.run(lambda c: partitions_of(c, name), f"super stream '{name}'")
+        for stream in streams:
             start, end = options.start_of(stream), options.end_of(stream)
             latest, start_at, end_at = client.run(_asker(stream, start, end), f"stream '{stream}'")
             starts[stream] = _checked(stream, "startingOffsets", start, start_at, latest)
             ends[stream] = _checked(stream, "endingOffsets", end, end_at, latest)
     finally:
         client.close()
-    for stream in options.streams:
+    for stream in streams:
         if starts[stream] > ends[stream]:
             raise AmqpOptionError(
                 f"stream '{stream}': the read would start at offset {starts[stream]} but end before offset {ends[stream]} "

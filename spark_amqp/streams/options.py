@@ -85,12 +85,22 @@ class StreamSourceOptions:
     num_partitions: int | None
     min_partition_size: int
     prefetch: int
+    # superStream without superStreamPartitions: its partitions '<name>-0', '<name>-1', ... are found by name
+    # when planning (``streams`` is empty), so only forms that apply to every stream are accepted
+    discover: str | None = None
+    starting_all: Start = "first"
+    ending_all: End | None = None
 
     def start_of(self, stream: str) -> Start:
-        return dict(self.starting).get(stream, "first")
+        return dict(self.starting).get(stream, self.starting_all)
 
     def end_of(self, stream: str) -> End:
-        return dict(self.ending).get(stream, "latest")
+        return dict(self.ending).get(stream, self.ending_all or "latest")
+
+    @property
+    def bounded(self) -> bool:
+        """Whether an ending option was given (a batch read's; a streaming query refuses them)."""
+        return bool(self.ending) or self.ending_all is not None
 
 
 def is_stream_mode(options: Mapping[str, str]) -> bool:
@@ -103,15 +113,18 @@ def parse_stream_options(options: Mapping[str, str]) -> StreamSourceOptions:
             raise AmqpOptionError(f"option '{key}' does not apply to streams: {QUEUE_ONLY[key.lower()]}")
     r = OptionReader(options, STREAM_KEYS)
     connection = parse_connection(r)
-    streams = _streams(r)
-    starting = _starting(r, streams)
-    ending = _ending(r, streams)
+    streams, discover = _streams(r)
+    starting = _starting(r, streams, discover)
+    ending = _ending(r, streams, discover)
     max_messages = r.integer("maxMessagesPerTrigger", None, 1)
     return StreamSourceOptions(
         connection=connection,
         streams=streams,
-        starting=starting,
-        ending=ending,
+        starting=starting[0],
+        starting_all=starting[1],
+        ending=ending[0],
+        ending_all=ending[1],
+        discover=discover,
         fail_on_data_loss=r.boolean("failOnDataLoss", True),
         trigger=parse_trigger(r, max_messages),
         num_partitions=r.integer("numPartitions", None, 1, 10_000),
@@ -120,7 +133,7 @@ def parse_stream_options(options: Mapping[str, str]) -> StreamSourceOptions:
     )
 
 
-def _streams(r: OptionReader) -> tuple[str, ...]:
+def _streams(r: OptionReader) -> tuple[tuple[str, ...], str | None]:
     plain, sup = r.text("stream"), r.text("superStream")
     if plain is not None and sup is not None:
         raise AmqpOptionError("options 'stream' and 'superStream' exclude each other: give one")
@@ -128,20 +141,17 @@ def _streams(r: OptionReader) -> tuple[str, ...]:
         name = sup.strip()
         if not name:
             raise AmqpOptionError("option 'superStream' is empty: give the super stream's name")
+        if len(f"{name}-9999".encode()) > 255:
+            raise AmqpOptionError(f"option 'superStream': the name is too long for its partition streams ({name[:40]!r}...)")
         count = r.integer("superStreamPartitions", None, 1, 10_000)
         if count is None:
-            raise AmqpOptionError(
-                "option 'superStreamPartitions' is required with 'superStream': AMQP 0-9-1 cannot list a super "
-                f"stream's partitions, so give their number (the streams '{name}-0' ... '{name}-<N-1>')"
-            )
+            return (), name
         streams = tuple(f"{name}-{i}" for i in range(count))
     else:
         if r.text("superStreamPartitions") is not None:
             raise AmqpOptionError("option 'superStreamPartitions' only applies with option 'superStream'")
         streams = r.names("stream", "stream")
-    if any(len(s.encode("utf-8")) > 255 for s in streams):
-        raise AmqpOptionError(f"option 'superStream': the name is too long for its partition streams ({streams[-1][:40]!r}...)")
-    return streams
+    return streams, None
 
 
 def _one_of(r: OptionReader, keys: tuple[str, str, str]) -> str | None:
@@ -200,37 +210,48 @@ def _end(stream: str, value: Any) -> End | None:
     return _offset(value)
 
 
-def _starting(r: OptionReader, streams: tuple[str, ...]) -> tuple[tuple[str, Start], ...]:
+def _not_per_partition(key: str, discover: str | None) -> None:
+    if discover is not None:
+        raise AmqpOptionError(
+            f"option '{key}' names each stream, but the partitions of super stream '{discover}' are only found when the "
+            "query runs: give 'superStreamPartitions' as well, or one value for every partition"
+        )
+
+
+def _starting(r: OptionReader, streams: tuple[str, ...], discover: str | None) -> tuple[tuple[tuple[str, Start], ...], Start]:
+    """Per-stream starts (JSON forms) and the start of every other stream."""
     key = _one_of(r, ("startingOffsets", "startingTimestamp", "startingOffsetsByTimestamp"))
     if key == "startingTimestamp":
-        stamp = r.integer(key, None, 0)
-        return tuple((s, At(stamp)) for s in streams if stamp is not None)
+        return (), At(r.integer(key, None, 0) or 0)
     if key == "startingOffsetsByTimestamp":
-        return _per_stream(r, key, streams, _moment, "a JSON object of epoch milliseconds per stream")
+        _not_per_partition(key, discover)
+        return _per_stream(r, key, streams, _moment, "a JSON object of epoch milliseconds per stream"), "first"
     if key is None:
-        return tuple((s, "first") for s in streams)
+        return (), "first"
     word = _start("", r.text(key))
     if isinstance(word, str):
-        return tuple((s, word) for s in streams)
-    wanted = "first, last, next (latest) or an offset >= 0"
+        return (), word
     if not (r.text(key) or "").strip().startswith("{"):
         raise AmqpOptionError(
             f"option 'startingOffsets' must be first, last, next (or latest) or a JSON object of offsets per stream, got {r.text(key)!r}"
         )
-    return _per_stream(r, key, streams, _start, wanted)
+    _not_per_partition(key, discover)
+    return _per_stream(r, key, streams, _start, "first, last, next (latest) or an offset >= 0"), "first"
 
 
-def _ending(r: OptionReader, streams: tuple[str, ...]) -> tuple[tuple[str, End], ...]:
+def _ending(r: OptionReader, streams: tuple[str, ...], discover: str | None) -> tuple[tuple[tuple[str, End], ...], End | None]:
+    """Per-stream ends (JSON forms) and the end of every other stream (None: not given)."""
     key = _one_of(r, ENDING_KEYS)
     if key is None:
-        return ()
+        return (), None
     if key == "endingTimestamp":
-        stamp = r.integer(key, None, 0)
-        return tuple((s, At(stamp)) for s in streams if stamp is not None)
+        return (), At(r.integer(key, None, 0) or 0)
     if key == "endingOffsetsByTimestamp":
-        return _per_stream(r, key, streams, _moment, "a JSON object of epoch milliseconds per stream")
+        _not_per_partition(key, discover)
+        return _per_stream(r, key, streams, _moment, "a JSON object of epoch milliseconds per stream"), None
     if (r.text(key) or "").strip().lower() == "latest":
-        return tuple((s, "latest") for s in streams)
+        return (), "latest"
     if not (r.text(key) or "").strip().startswith("{"):
         raise AmqpOptionError(f"option 'endingOffsets' must be latest or a JSON object of offsets per stream, got {r.text(key)!r}")
-    return _per_stream(r, key, streams, _end, "latest or an offset >= 0")
+    _not_per_partition(key, discover)
+    return _per_stream(r, key, streams, _end, "latest or an offset >= 0"), None

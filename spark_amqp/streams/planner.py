@@ -20,6 +20,7 @@ from . import probe
 from .identity import Identities
 from .offset import UNSET, StreamOffset
 from .options import At, StreamSourceOptions
+from .partitions import partitions_of
 from .ranges import StreamRange, limit_ends, split
 from .tails import TailWatch
 
@@ -30,7 +31,7 @@ BACKLOG_INTERVAL = 1.0  # at most one round of probes a second for the progress 
 
 class StreamPlanner:
     def __init__(self, options: StreamSourceOptions) -> None:
-        if options.ending:
+        if options.bounded:
             # Refused here, not in streamReader(): PySpark 4.2 hides an error raised there behind UnboundLocalError.
             raise AmqpOptionError(
                 "options 'endingOffsets', 'endingTimestamp' and 'endingOffsetsByTimestamp' bound a batch read "
@@ -38,6 +39,7 @@ class StreamPlanner:
                 "stop where the streams end when the run starts"
             )
         self.options = options
+        self.streams = options.streams  # with a super stream found by name: its partitions when last asked
         self.client = BlockingClient(options.connection, "spark-amqp stream planner")
         self.admission = Admission(options.trigger)
         self.available_now: dict[str, int] | None = None
@@ -60,9 +62,10 @@ class StreamPlanner:
         """Where a new query starts. ``last`` and ``next`` move with the stream, so they stay ``UNSET``
         here and the first batch fixes them (see ``offset``); the other forms give the same answer
         again when a crash makes Spark ask a second time."""
+        self._discover()
         ends = self.ends()  # fails fast on a missing stream, a queue that is not one, or a refused login
         positions = {}
-        for stream in self.options.streams:
+        for stream in self.streams:
             positions[stream] = self._fixed_start(stream, ends[stream])
         return StreamOffset.of(positions)
 
@@ -73,23 +76,30 @@ class StreamPlanner:
         return end
 
     def _latest(self, origin: StreamOffset, max_rows: int | None, use_minimum: bool) -> StreamOffset:
-        self._check_dropped(origin)
-        unset = [s for s in self.options.streams if origin.get(s) == UNSET]
+        try:
+            self._discover()
+            self._check_dropped(origin)
+            return self._plan(origin, max_rows, use_minimum)
+        except BrokerUnreachable as err:
+            if self._known is None:
+                raise
+            # Once started, an outage that keeps a question from being answered means no new batch yet.
+            log.warning("AMQP source: %s; no new batch until the broker answers", err)
+            kept = {s: n for s, n in origin.positions if s in self.streams}
+            return StreamOffset.of(kept, origin.marks_dict())
+
+    def _plan(self, origin: StreamOffset, max_rows: int | None, use_minimum: bool) -> StreamOffset:
+        unset = [s for s in self.streams if origin.get(s) == UNSET]
         if unset:
             # A batch of its own, with no rows: Spark logs it, so a replay starts where this run did.
             ends = self.ends()
-            fixed = {s: self._moving_start(s, ends[s]) for s in unset}
+            fixed = {s: self._moving_start(s, ends[s], added=bool(origin.positions) and s not in origin.as_dict()) for s in unset}
             log.info("AMQP source: streams start at %s", fixed)
             return StreamOffset.of({**origin.as_dict(), **fixed}, origin.marks_dict())
-        starts = {s: origin.get(s) for s in self.options.streams}
+        starts = {s: origin.get(s) for s in self.streams}
         ends = self.ends()
-        try:
-            # Once started, an outage that keeps the check from running means no new batch yet.
-            self.identities.check(origin, self.options.streams, None if self._known is None else 0.0)
-        except BrokerUnreachable as err:
-            log.warning("AMQP source: %s; no new batch until the broker answers", err)
-            return StreamOffset.of(starts, origin.marks_dict())
-        for stream in self.options.streams:
+        self.identities.check(origin, self.streams, None if self._known is None else 0.0)
+        for stream in self.streams:
             if ends[stream] == 0:
                 # Empty now: nothing to read. What is written next says whether retention emptied it
                 # (offsets go on from here) or it was deleted and declared again (they start at 0).
@@ -100,7 +110,7 @@ class StreamPlanner:
                     "the stream was deleted and declared again. Start the query with a new checkpointLocation"
                 )
         if self.available_now is not None:
-            ends = {s: min(ends[s], max(starts[s], self.available_now[s])) for s in ends}
+            ends = {s: min(ends[s], max(starts[s], self.available_now.get(s, starts[s]))) for s in ends}
             use_minimum = False
         available = sum(ends[s] - starts[s] for s in ends)
         now = time.monotonic()
@@ -115,14 +125,16 @@ class StreamPlanner:
     def _check_dropped(self, origin: StreamOffset) -> None:
         """A stream the checkpoint reads but the options no longer name: its unread messages would never be
         read. Data loss, as Kafka treats a partition that is gone."""
-        dropped = {s: n for s, n in origin.positions if s not in self.options.streams and n != UNSET and s not in self._dropped}
+        dropped = {s: n for s, n in origin.positions if s not in self.streams and n != UNSET and s not in self._dropped}
         if not dropped:
             return
         where = ", ".join(f"stream '{s}' (read up to offset {n})" for s, n in sorted(dropped.items()))
-        message = (
-            f"this query's checkpoint reads {where}, which the options no longer name (a shorter 'stream' list, or a "
-            "lower 'superStreamPartitions'): what it holds after that offset would never be read"
+        why = (
+            f"which super stream '{self.options.discover}' no longer has (its partitions are found by name, up to the first missing)"
+            if self.options.discover
+            else "which the options no longer name (a shorter 'stream' list, or a lower 'superStreamPartitions')"
         )
+        message = f"this query's checkpoint reads {where}, {why}: what it holds after that offset would never be read"
         if self.options.fail_on_data_loss:
             raise AmqpSourceError(message + "; name it again, or set failOnDataLoss=false to stop reading it")
         log.warning("AMQP source: %s; no longer read (failOnDataLoss=false)", message)
@@ -131,8 +143,10 @@ class StreamPlanner:
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[StreamRange]:
         first, last = StreamOffset.from_json(start), StreamOffset.from_json(end)
         self.last_end = last
+        if not self.streams:
+            self._discover()  # a restart replays a batch before it asks for a new one
         for known in (last, first):  # after a restart: the batch Spark replays must read the same streams
-            self.identities.check(known, self.options.streams)
+            self.identities.check(known, self.streams)
         starts, ends = {}, {}
         for stream, stop in last.positions:
             begin = first.get(stream)
@@ -174,15 +188,16 @@ class StreamPlanner:
         The first answer must come within ``connectionTimeout``: a query that cannot reach the broker
         when it starts fails. After that an outage is waited out, however long: the last ends stand
         (no new batch) and the broker is asked again with backoff, with a warning each time."""
-        streams = self.options.streams
+        streams = self.streams
         subject = f"stream '{streams[0]}'" if len(streams) == 1 else f"streams {', '.join(streams)}"
-        if self._known is not None and time.monotonic() < self._retry_at:
-            return dict(self._known)
+        known = self._known is not None and set(streams) <= set(self._known)
+        if known and time.monotonic() < self._retry_at:
+            return {s: self._known[s] for s in streams}  # type: ignore[index]
         try:
             # Once the broker was reached, one attempt per call: Spark's loop goes on while it is away.
             found = self.client.run(lambda c: self.tails.ends_of(c, streams), subject, None if self._known is None else 0.0)
         except BrokerUnreachable as err:
-            if self._known is None:
+            if self._known is None or not set(streams) <= set(self._known):
                 raise
             delay = self._backoff.next()
             self._retry_at = time.monotonic() + delay
@@ -192,7 +207,7 @@ class StreamPlanner:
                 delay,
                 self._backoff.failures,
             )
-            return dict(self._known)
+            return {s: self._known[s] for s in streams}
         if self._backoff.failures:
             log.warning("AMQP source: the broker answers again after %d failed attempt(s)", self._backoff.failures)
         self._backoff.reset()
@@ -218,12 +233,28 @@ class StreamPlanner:
                 )
             return start
         if start == "first":
-            found = self.client.run(lambda c: probe.head(c, stream), f"stream '{stream}'")
-            return 0 if found is None else found
+            return self._head(stream)
         return UNSET
 
-    def _moving_start(self, stream: str, end: int) -> int:
-        start = self.options.start_of(stream)
+    def _head(self, stream: str) -> int:
+        found = self.client.run(lambda c: probe.head(c, stream), f"stream '{stream}'")
+        return 0 if found is None else found
+
+    def _discover(self) -> None:
+        name = self.options.discover
+        if name is None:
+            return
+        # Only the first answer must come within connectionTimeout, as for ends().
+        found = self.client.run(lambda c: partitions_of(c, name), f"super stream '{name}'", None if self._known is None else 0.0)
+        if found != self.streams:
+            log.info("AMQP source: super stream '%s' has %d partitions: %s", name, len(found), ", ".join(found))
+            self.streams = found
+
+    def _moving_start(self, stream: str, end: int, added: bool = False) -> int:
+        """``added``: a partition a super stream gained after the query started, read from its first message."""
+        start = "first" if added else self.options.start_of(stream)
+        if start == "first":
+            return self._head(stream)
         if start == "last":
             return max(0, end - 1)  # from the last message on
         if start == "next":

@@ -24,7 +24,7 @@ def opts(**extra: str):  # type: ignore[no-untyped-def]
 def test_stream_mode_is_chosen_by_the_stream_options() -> None:
     assert is_stream_mode({"STREAM": "s"}) and is_stream_mode({"superStream": "s"}) and not is_stream_mode({"queue": "q"})
     o = opts(stream=" a, b ")
-    assert o.streams == ("a", "b") and o.starting == (("a", "first"), ("b", "first")) and o.fail_on_data_loss
+    assert o.streams == ("a", "b") and o.start_of("a") == o.start_of("b") == "first" and o.fail_on_data_loss
     assert o.trigger == TriggerOptions(None) and o.connection.password == "pw"
 
 
@@ -35,7 +35,9 @@ def test_stream_mode_is_chosen_by_the_stream_options() -> None:
         ({"stream": "s", "journalLocation": "/j"}, "needs no journal"),
         ({"stream": "s", "exclusiveConsumer": "true"}, "needs no exclusive consumer"),
         ({"stream": "s", "superStream": "t"}, "exclude each other"),
-        ({"superStream": "t"}, "'superStreamPartitions' is required"),
+        ({"superStream": "t", "startingOffsets": '{"t-0": 5}'}, "partitions of super stream 't' are only found when the query runs"),
+        ({"superStream": "t", "endingOffsetsByTimestamp": '{"t-0": 5}'}, "give 'superStreamPartitions' as well"),
+        ({"superStream": "t" * 251}, "too long for its partition streams"),
         ({"stream": "s", "superStreamPartitions": "3"}, "only applies with option 'superStream'"),
         ({"stream": "s,s"}, "names a stream twice"),
         ({"stream": "s,"}, "empty name"),
@@ -77,7 +79,9 @@ def test_starting_offsets_forms() -> None:
     assert opts(stream="s").end_of("s") == "latest" and opts(stream="s").ending == ()
     assert opts(stream="s", endingTimestamp="8").end_of("s") == At(8)
     sup = opts(superStream="inv", superStreamPartitions="3")
-    assert sup.streams == ("inv-0", "inv-1", "inv-2")
+    assert sup.streams == ("inv-0", "inv-1", "inv-2") and sup.discover is None
+    found = opts(superStream="inv", startingOffsets="next")  # partitions found by name when the query runs
+    assert found.streams == () and found.discover == "inv" and found.start_of("inv-7") == "next"
     assert opts(stream="s", minMessagesPerTrigger="100", maxTriggerDelay="1.5m").trigger == TriggerOptions(None, 100, 90.0)
 
 
