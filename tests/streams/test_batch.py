@@ -4,7 +4,6 @@ ranges read back exactly. Both brokers."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -12,8 +11,7 @@ from spark_amqp.errors import AmqpOptionError, AmqpSourceError
 from spark_amqp.streams.batch import StreamBatchReader, resolve_bounds
 from spark_amqp.streams.planner import StreamPlanner
 
-from ..broker.helpers import wait_for
-from .test_reading import _truncated_stream, declare_stream, options, publish
+from .test_reading import _truncated_stream, declare_stream, next_second, options, publish
 
 pytestmark = pytest.mark.streams
 
@@ -48,11 +46,9 @@ def test_a_range_by_timestamps(amqp_url: str, names) -> None:  # type: ignore[no
     s = names.queue("stream")
     declare_stream(amqp_url, s)
     publish(amqp_url, s, 0, 10)
-    first = int(time.time()) + 1
-    assert wait_for(lambda: time.time() >= first, timeout=5)
+    first = next_second()
     publish(amqp_url, s, 10, 10)
-    second = int(time.time()) + 1
-    assert wait_for(lambda: time.time() >= second, timeout=5)
+    second = next_second()
     publish(amqp_url, s, 20, 10)
     day = StreamBatchReader(options(amqp_url, s, startingTimestamp=str(first * 1000), endingTimestamp=str(second * 1000)))
     assert sorted(read_all(day)) == [(i, f"m{i}") for i in range(10, 20)]

@@ -26,6 +26,17 @@ def _read_to(p, s: str, end: int) -> StreamOffset:  # type: ignore[no-untyped-de
     return found[-1]
 
 
+def _checkpointed(url: str, names, planners) -> tuple[str, dict[str, object]]:  # type: ignore[no-untyped-def]
+    """A stream of 20 messages, and the offset of a query that read it all and stopped."""
+    s = names.queue("stream")
+    declare_stream(url, s)
+    publish(url, s, 0, 20)
+    before = planner(planners, options(url, s))
+    checkpoint = _read_to(before, s, 20).to_json()
+    before.close()
+    return s, checkpoint
+
+
 def test_every_batch_end_carries_the_mark_of_the_message_before_it(amqp_url: str, names, planners) -> None:  # type: ignore[no-untyped-def]
     s = names.queue("stream")
     declare_stream(amqp_url, s)
@@ -43,12 +54,7 @@ def test_every_batch_end_carries_the_mark_of_the_message_before_it(amqp_url: str
 def test_a_stream_declared_again_and_grown_past_the_checkpoint_is_told_apart_on_restart(  # type: ignore[no-untyped-def]
     amqp_url: str, names, planners, fail_on_data_loss: bool, caplog
 ) -> None:
-    s = names.queue("stream")
-    declare_stream(amqp_url, s)
-    publish(amqp_url, s, 0, 20)
-    before = planner(planners, options(amqp_url, s))
-    checkpoint = _read_to(before, s, 20).to_json()
-    before.close()
+    s, checkpoint = _checkpointed(amqp_url, names, planners)
     delete_queue(amqp_url, s)
     declare_stream(amqp_url, s)
     publish(amqp_url, s, 100, 30)  # other bodies, and past the checkpoint's position
@@ -67,12 +73,7 @@ def test_a_stream_declared_again_and_grown_past_the_checkpoint_is_told_apart_on_
 
 
 def test_the_same_stream_passes_the_check_after_a_restart(amqp_url: str, names, planners) -> None:  # type: ignore[no-untyped-def]
-    s = names.queue("stream")
-    declare_stream(amqp_url, s)
-    publish(amqp_url, s, 0, 20)
-    before = planner(planners, options(amqp_url, s))
-    checkpoint = _read_to(before, s, 20).to_json()
-    before.close()
+    s, checkpoint = _checkpointed(amqp_url, names, planners)
     publish(amqp_url, s, 20, 10)
     restarted = planner(planners, options(amqp_url, s))
     assert restarted.partitions({s: 0}, checkpoint)  # the replayed batch reads the same stream

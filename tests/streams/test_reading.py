@@ -48,6 +48,13 @@ def publish(url: str, stream: str, first: int, count: int, size: int = 0) -> Non
     conn.close()
 
 
+def next_second() -> int:
+    """Waits for the next whole second (epoch), and returns it: stream timestamps are per chunk, to the second."""
+    boundary = int(time.time()) + 1
+    assert wait_for(lambda: time.time() >= boundary, timeout=5)
+    return boundary
+
+
 def options(url: str, stream: str, **extra: str) -> StreamSourceOptions:
     return parse_stream_options({"uri": url, "stream": stream, "connectionTimeout": "20", **extra})
 
@@ -183,8 +190,7 @@ def test_starting_timestamp(amqp_url: str, names, planners) -> None:  # type: ig
     declare_stream(amqp_url, s)
     publish(amqp_url, s, 0, 30)
     # The stream's timestamps are per chunk and the argument is in seconds: start at a second boundary.
-    boundary = int(time.time()) + 1
-    assert wait_for(lambda: time.time() >= boundary, timeout=5)
+    boundary = next_second()
     publish(amqp_url, s, 30, 20)
     p = planner(planners, options(amqp_url, s, startingTimestamp=str(boundary * 1000)))
     assert p.initial_offset() == StreamOffset.of({s: 30})
