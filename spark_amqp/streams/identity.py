@@ -48,12 +48,12 @@ class Identities:
             position = offset.get(stream)
             if stream not in streams or (stream, position, mark) in self._checked:
                 continue
-            found = self._message_at(stream, position - 1, retry_for)
-            if found is not None and found[0] == position - 1 and mark_of(found[1]) != mark:
-                self._declared_again(stream, position)
-            elif found is None or found[0] != position - 1:
+            body = self._body_at(stream, position - 1, retry_for)
+            if body is None:
                 # Gone to retention, or the stream now ends before it (which planning reports): nothing to compare.
                 log.info("AMQP source: stream '%s' holds no message at offset %d now; its identity is not checked", stream, position - 1)
+            elif mark_of(body) != mark:
+                self._declared_again(stream, position)
             self._checked.add((stream, position, mark))
 
     def marks_for(self, ends: Mapping[str, int], origin: StreamOffset) -> dict[str, str]:
@@ -75,14 +75,16 @@ class Identities:
 
     def _probe_mark(self, stream: str, end: int) -> str | None:
         try:
-            found = self._message_at(stream, end - 1, 0.0)
+            body = self._body_at(stream, end - 1, 0.0)
         except AmqpSourceError as err:
             log.info("AMQP source: no mark for stream '%s' at offset %d: %s", stream, end, err)
             return None
-        return mark_of(found[1]) if found is not None and found[0] == end - 1 else None
+        return None if body is None else mark_of(body)
 
-    def _message_at(self, stream: str, offset: int, retry_for: float | None) -> tuple[int, bytes] | None:
-        return self.client.run(lambda c: probe.message_at(c, stream, offset), f"stream '{stream}'", retry_for)
+    def _body_at(self, stream: str, offset: int, retry_for: float | None) -> bytes | None:
+        """The body of the message at exactly ``offset``; None if the stream holds none there now."""
+        found = self.client.run(lambda c: probe.message_at(c, stream, offset), f"stream '{stream}'", retry_for)
+        return found[1] if found is not None and found[0] == offset else None
 
     def _declared_again(self, stream: str, position: int) -> None:
         message = (

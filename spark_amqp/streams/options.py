@@ -163,7 +163,7 @@ def _one_of(r: OptionReader, keys: tuple[str, str, str]) -> str | None:
 
 
 def _per_stream(
-    r: OptionReader, key: str, streams: tuple[str, ...], value: Callable[[str, Any], T | None], wanted: str
+    r: OptionReader, key: str, streams: tuple[str, ...], value: Callable[[Any], T | None], wanted: str
 ) -> tuple[tuple[str, T], ...]:
     """A JSON object with an entry for every stream read, each checked by ``value`` (None: refused)."""
     raw = r.text(key) or ""
@@ -181,7 +181,7 @@ def _per_stream(
         raise AmqpOptionError(f"option '{key}' has no entry for: {', '.join(missing)}")
     out: list[tuple[str, T]] = []
     for stream in streams:
-        checked = value(stream, given[stream])
+        checked = value(given[stream])
         if checked is None:
             raise AmqpOptionError(f"option '{key}': stream '{stream}' has {given[stream]!r}, which is not {wanted}")
         out.append((stream, checked))
@@ -192,19 +192,19 @@ def _offset(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-def _moment(stream: str, value: Any) -> At | None:
+def _moment(value: Any) -> At | None:
     ms = _offset(value)
     return None if ms is None else At(ms)
 
 
-def _start(stream: str, value: Any) -> Start | None:
+def _start(value: Any) -> Start | None:
     if isinstance(value, str) and value.strip().lower() in (*STARTS, "latest"):
         word = value.strip().lower()
         return "next" if word == "latest" else word
     return _offset(value)
 
 
-def _end(stream: str, value: Any) -> End | None:
+def _end(value: Any) -> End | None:
     if isinstance(value, str) and value.strip().lower() == "latest":
         return "latest"
     return _offset(value)
@@ -228,7 +228,7 @@ def _starting(r: OptionReader, streams: tuple[str, ...], discover: str | None) -
         return _per_stream(r, key, streams, _moment, "a JSON object of epoch milliseconds per stream"), "first"
     if key is None:
         return (), "first"
-    word = _start("", r.text(key))
+    word = _start(r.text(key))
     if isinstance(word, str):
         return (), word
     if not (r.text(key) or "").strip().startswith("{"):

@@ -190,14 +190,15 @@ class StreamPlanner:
         (no new batch) and the broker is asked again with backoff, with a warning each time."""
         streams = self.streams
         subject = f"stream '{streams[0]}'" if len(streams) == 1 else f"streams {', '.join(streams)}"
-        known = self._known is not None and set(streams) <= set(self._known)
-        if known and time.monotonic() < self._retry_at:
-            return {s: self._known[s] for s in streams}  # type: ignore[index]
+        # The last ends measured, if they cover every stream read now (a super stream can gain partitions).
+        known = self._known if self._known is not None and set(streams) <= set(self._known) else None
+        if known is not None and time.monotonic() < self._retry_at:
+            return {s: known[s] for s in streams}
         try:
             # Once the broker was reached, one attempt per call: Spark's loop goes on while it is away.
             found = self.client.run(lambda c: self.tails.ends_of(c, streams), subject, None if self._known is None else 0.0)
         except BrokerUnreachable as err:
-            if self._known is None or not set(streams) <= set(self._known):
+            if known is None:
                 raise
             delay = self._backoff.next()
             self._retry_at = time.monotonic() + delay
@@ -207,7 +208,7 @@ class StreamPlanner:
                 delay,
                 self._backoff.failures,
             )
-            return {s: self._known[s] for s in streams}
+            return {s: known[s] for s in streams}
         if self._backoff.failures:
             log.warning("AMQP source: the broker answers again after %d failed attempt(s)", self._backoff.failures)
         self._backoff.reset()

@@ -69,13 +69,15 @@ async def offset_at(client: AmqpClient, stream: str, epoch_ms: int) -> int | Non
 
 
 class _Seen:
-    """The first delivery and the one with the highest offset, of those a probe got."""
+    """How many deliveries a probe got, the first, and the one with the highest offset."""
 
     def __init__(self) -> None:
+        self.count = 0
         self.first: tuple[int, bytes] | None = None
         self.last: tuple[int, bytes] | None = None
 
     def add(self, offset: int, body: bytes) -> None:
+        self.count += 1
         if self.first is None:
             self.first = (offset, body)
         if self.last is None or offset > self.last[0]:
@@ -86,19 +88,17 @@ async def _probe(client: AmqpClient, stream: str, spec: Any, prefetch: int, to_t
     """What a consumer from ``spec`` gets: the first delivery only, or every one up to the stream's end."""
     channel = await client.channel()
     seen = _Seen()
-    count = 0
     last_tag = 0
     foreign = False
     arrived = asyncio.Event()
 
     def on_delivery(tag: int, redelivered: bool, exchange: str, routing_key: str, props: Any, body: bytes) -> None:
-        nonlocal foreign, last_tag, count
+        nonlocal foreign, last_tag
         offset = stream_offset(props)
         if offset is None:
             foreign = True
         else:
             seen.add(offset, body)
-            count += 1
         last_tag = tag
         arrived.set()
 
@@ -114,8 +114,8 @@ async def _probe(client: AmqpClient, stream: str, spec: Any, prefetch: int, to_t
         except asyncio.TimeoutError:
             pass  # an empty stream, or one that has nothing at or after that moment
         counted = 0
-        while to_the_end and count > counted and not foreign:
-            counted = count
+        while to_the_end and seen.count > counted and not foreign:
+            counted = seen.count
             channel.ack(last_tag, True)
             await channel.rpc(qos)  # a barrier: what the ack made readable comes before its reply
         await channel.rpc(framing.build(commands.Basic.Cancel, consumer_tag=tag))
