@@ -479,7 +479,8 @@ def test_retention_under_a_reader_that_fell_behind_fails_or_is_skipped(amqp_url:
     else:
         for batch in batches:
             got += batch.column("offset").to_pylist()
-        assert "to 199" in caplog.text and "skipped (failOnDataLoss=false)" in caplog.text
+        # (It failed twice on 3.10 under the full parallel run with nothing logged: say what was read.)
+        assert "to 199" in caplog.text and "skipped (failOnDataLoss=false)" in caplog.text, (got[:20], got[-20:], len(got))
     assert got == sorted(set(got)) and got[-1] < 199  # in order, and retention took the range's end
 
 
