@@ -10,10 +10,23 @@ if TYPE_CHECKING:
     from .channel import Channel
     from .message import Message
     from .queue import Queue
+    from .stream_filter import ConsumerFilter
 
 
 class Consumer:
-    __slots__ = ("channel", "exclusive", "no_ack", "position", "prefetch", "queue", "tag", "tag_wire", "timeout_ms", "unacked")
+    __slots__ = (
+        "channel",
+        "exclusive",
+        "no_ack",
+        "position",
+        "prefetch",
+        "queue",
+        "stream_filter",
+        "tag",
+        "tag_wire",
+        "timeout_ms",
+        "unacked",
+    )
 
     def __init__(
         self, tag: str, channel: Channel, queue: Queue, no_ack: bool, exclusive: bool, prefetch: int, timeout_ms: int | None = None
@@ -28,6 +41,7 @@ class Consumer:
         self.unacked = 0
         self.position = 0  # next stream offset to read; unused on other queues
         self.timeout_ms = timeout_ms  # its x-consumer-timeout argument (quorum queues)
+        self.stream_filter: ConsumerFilter | None = None  # its x-stream-filter (streams)
 
     def can_take(self) -> bool:
         channel = self.channel

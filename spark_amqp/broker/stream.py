@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from .. import errors
 from .message import Message, with_header_entries
+from .stream_filter import ChunkFilter, ConsumerFilter, chunk_filter, consumer_filter
 
 if TYPE_CHECKING:
     from .consumer import Consumer
@@ -168,12 +169,13 @@ def start_spec(name: str, value: Any) -> tuple[str, int]:
 
 
 class Chunk:
-    __slots__ = ("first", "records", "timestamp_ms")
+    __slots__ = ("filter", "first", "records", "timestamp_ms")
 
     def __init__(self, first: int, timestamp_ms: int, records: list[Message]) -> None:
         self.first = first
         self.timestamp_ms = timestamp_ms
         self.records = records
+        self.filter: ChunkFilter = chunk_filter(records)
 
     @property
     def next(self) -> int:
@@ -325,19 +327,20 @@ class StreamQueue:
 
     # -- reading ---------------------------------------------------------------
 
-    def check_consume(self, arguments: dict[str, Any], no_ack: bool, prefetch: int) -> tuple[str, int]:
-        """RabbitMQ's checks, in its order; the consumer's start on success."""
-        spec = start_spec(self.name, arguments.get("x-stream-offset"))
+    def check_consume(self, arguments: dict[str, Any], no_ack: bool, prefetch: int) -> tuple[str, int, ConsumerFilter | None]:
+        """RabbitMQ's checks, in its order; the consumer's start and filter on success."""
+        kind, value = start_spec(self.name, arguments.get("x-stream-offset"))
         if "x-priority" in arguments:
             raise errors.PreconditionFailed(f"invalid arg 'x-priority' for {_where(self.name)} of queue type rabbit_stream_queue")
         if not prefetch:
             raise errors.PreconditionFailed(f"consumer prefetch count is not set for stream {_where(self.name)}")
         if no_ack:
             raise errors.NotImplemented_(f"automatic acknowledgement not supported by stream {_where(self.name)}")
-        return spec
+        return kind, value, consumer_filter(arguments)
 
-    def add_consumer(self, consumer: Consumer, spec: tuple[str, int] = ("next", 0)) -> None:
-        consumer.position = self._start(spec)
+    def add_consumer(self, consumer: Consumer, spec: tuple[str, int, ConsumerFilter | None] = ("next", 0, None)) -> None:
+        consumer.position = self._start(spec[:2])
+        consumer.stream_filter = spec[2]
         self.consumers.append(consumer)
         self.had_consumer = True
 
@@ -373,6 +376,9 @@ class StreamQueue:
             if i >= len(chunks):
                 return
             chunk = chunks[i]
+            if consumer.stream_filter is not None and not consumer.stream_filter.passes(chunk.filter):
+                consumer.position = chunk.next
+                continue
             as_queue = cast("Queue", self)
             # RabbitMQ 4.x honours the prefetch inside a chunk (3.10 sent the rest of it whole).
             for index in range(max(position - chunk.first, 0), len(chunk.records)):

@@ -331,6 +331,18 @@ class LazyProperties:
         value = headers.get(key) if isinstance(headers, dict) else None
         return value if isinstance(value, int) and not isinstance(value, bool) else None
 
+    def text_header(self, key: str) -> str | None:
+        """A string header (a long string, or bytes taken as UTF-8), read without taking it out; None otherwise."""
+        found = find_header(self.header, key.encode()) if self._values is None else None
+        if found is not None and found[0] == 0x53:  # 'S'
+            at = found[1]
+            return self.header[at + 4 : at + 4 + _U32.unpack_from(self.header, at)[0]].decode("utf-8", "replace")
+        headers = self._decoded()[2]
+        value = headers.get(key) if isinstance(headers, dict) else None
+        if isinstance(value, bytes | bytearray):
+            return bytes(value).decode("utf-8", "replace")
+        return value if isinstance(value, str) else None
+
     def __getattr__(self, name: str) -> Any:
         index = _INDEX.get("type" if name == "message_type" else name)
         if index is None:

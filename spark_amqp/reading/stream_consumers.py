@@ -36,11 +36,15 @@ def not_a_stream(stream: str, refusal: BaseException | None = None) -> AmqpSourc
     )
 
 
-async def consume(channel: ClientChannel, stream: str, tag: str, offset: Any, prefetch: int) -> None:
-    """basic.qos, then basic.consume from ``offset``: a stream refuses a consumer without a prefetch."""
+async def consume(
+    channel: ClientChannel, stream: str, tag: str, offset: Any, prefetch: int, arguments: dict[str, Any] | None = None
+) -> None:
+    """basic.qos, then basic.consume from ``offset`` (with any other consumer ``arguments``): a stream refuses a
+    consumer without a prefetch."""
     await channel.rpc(framing.build(commands.Basic.Qos, prefetch_count=prefetch))
     try:
-        await channel.rpc(framing.build(commands.Basic.Consume, queue=stream, consumer_tag=tag, arguments={"x-stream-offset": offset}))
+        args = {"x-stream-offset": offset, **(arguments or {})}
+        await channel.rpc(framing.build(commands.Basic.Consume, queue=stream, consumer_tag=tag, arguments=args))
     except PreconditionFailed as err:
         if "x-stream-offset" in err.text:  # RabbitMQ refuses the argument on other queue types
             raise not_a_stream(stream, err) from None

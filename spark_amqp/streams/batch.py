@@ -23,7 +23,7 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 from ..client import AmqpClient
 from ..client.blocking import BlockingClient
 from ..errors import AmqpOptionError
-from . import probe
+from . import filtering, probe
 from .options import At, End, Start, StreamSourceOptions
 from .partitions import partitions_of
 from .range_reader import read_range
@@ -56,6 +56,7 @@ def resolve_bounds(options: StreamSourceOptions) -> tuple[dict[str, int], dict[s
     starts: dict[str, int] = {}
     ends: dict[str, int] = {}
     try:
+        client.run(lambda c: filtering.require(c, options), "option 'filter'")
         name = options.discover
         streams = options.streams if name is None else client.run(lambda c: partitions_of(c, name), f"super stream '{name}'")
         for stream in streams:

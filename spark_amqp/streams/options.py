@@ -55,6 +55,8 @@ STREAM_KEYS = CONNECTION_KEYS | {
         "numPartitions",
         "minPartitionSize",
         "prefetch",
+        "filter",
+        "filterMatchUnfiltered",
     )
 }
 # Queue-mode options, with why they do not apply to streams.
@@ -90,6 +92,10 @@ class StreamSourceOptions:
     discover: str | None = None
     starting_all: Start = "first"
     ending_all: End | None = None
+    # stream filtering (RabbitMQ 3.13+): the values a row's x-stream-filter-value must have, and whether rows
+    # without one are kept too; empty: no filter
+    filter: tuple[str, ...] = ()
+    match_unfiltered: bool = False
 
     def start_of(self, stream: str) -> Start:
         return dict(self.starting).get(stream, self.starting_all)
@@ -130,7 +136,21 @@ def parse_stream_options(options: Mapping[str, str]) -> StreamSourceOptions:
         num_partitions=r.integer("numPartitions", None, 1, 10_000),
         min_partition_size=r.integer("minPartitionSize", DEFAULT_MIN_PARTITION_SIZE, 1) or DEFAULT_MIN_PARTITION_SIZE,
         prefetch=r.integer("prefetch", DEFAULT_STREAM_PREFETCH, 1, MAX_PREFETCH) or DEFAULT_STREAM_PREFETCH,
+        filter=_filter(r),
+        match_unfiltered=r.boolean("filterMatchUnfiltered", False),
     )
+
+
+def _filter(r: OptionReader) -> tuple[str, ...]:
+    raw = r.text("filter")
+    if raw is None:
+        if r.text("filterMatchUnfiltered") is not None:
+            raise AmqpOptionError("option 'filterMatchUnfiltered' only applies with option 'filter'")
+        return ()
+    values = tuple(v.strip() for v in raw.split(","))
+    if not all(values):
+        raise AmqpOptionError(f"option 'filter' takes comma-separated filter values, none of them empty; got {raw!r}")
+    return tuple(dict.fromkeys(values))
 
 
 def _streams(r: OptionReader) -> tuple[tuple[str, ...], str | None]:

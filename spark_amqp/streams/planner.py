@@ -13,10 +13,11 @@ import time
 from typing import Any
 
 from ..backoff import Backoff
+from ..client import AmqpClient
 from ..client.blocking import BlockingClient
 from ..errors import AmqpOptionError, AmqpSourceError, BrokerUnreachable
 from ..reading.admission import Admission
-from . import probe
+from . import filtering, probe
 from .identity import Identities
 from .offset import UNSET, StreamOffset
 from .options import At, StreamSourceOptions
@@ -196,7 +197,7 @@ class StreamPlanner:
             return {s: known[s] for s in streams}
         try:
             # Once the broker was reached, one attempt per call: Spark's loop goes on while it is away.
-            found = self.client.run(lambda c: self.tails.ends_of(c, streams), subject, None if self._known is None else 0.0)
+            found = self.client.run(lambda c: self._ends_of(c, streams), subject, None if self._known is None else 0.0)
         except BrokerUnreachable as err:
             if known is None:
                 raise
@@ -214,6 +215,10 @@ class StreamPlanner:
         self._backoff.reset()
         self._known = found
         return dict(found)
+
+    async def _ends_of(self, client: AmqpClient, streams: tuple[str, ...]) -> dict[str, int]:
+        await filtering.require(client, self.options)  # here, where the user sees it (see __init__)
+        return await self.tails.ends_of(client, streams)
 
     def _fixed_start(self, stream: str, end: int, moving: bool = False) -> int:
         """Where a stream starts when that does not move with it; ``UNSET`` (the first batch fixes it) when it does.

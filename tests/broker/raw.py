@@ -36,14 +36,16 @@ class StreamClient(RawClient):
             if isinstance(value, C.Connection.Close | C.Channel.Close):
                 raise AssertionError(f"closed: {value.reply_code} {value.reply_text}")
 
-    def publish_burst(self, queue: str, bodies: list[bytes]) -> None:
-        """All publishes in one write, confirmed, so the broker sees them at once."""
+    def publish_burst(self, queue: str, bodies: list[bytes], headers: list[dict[str, Any] | None] | None = None) -> None:
+        """All publishes in one write, confirmed, so the broker sees them at once (with ``headers``, one table
+        or None per message)."""
         self.send(1, C.Confirm.Select())
         self.expect(C.Confirm.SelectOk)
         out = []
-        for data in bodies:
+        for i, data in enumerate(bodies):
+            props = C.Basic.Properties(headers=headers[i] if headers else None)
             out.append(frame.marshal(C.Basic.Publish(exchange="", routing_key=queue), 1))
-            out.append(frame.marshal(header.ContentHeader(0, len(data), C.Basic.Properties()), 1))
+            out.append(frame.marshal(header.ContentHeader(0, len(data), props), 1))
             out.append(frame.marshal(pbody.ContentBody(data), 1))
         self.sock.sendall(b"".join(out))
         acked = 0

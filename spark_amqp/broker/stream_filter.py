@@ -1,0 +1,75 @@
+"""Stream filtering as RabbitMQ 3.13+ does it, per chunk (see tests/broker/test_streams.py).
+
+Each chunk keeps a Bloom filter of its messages' ``x-stream-filter-value``
+headers (16 bytes, RabbitMQ's default ``x-stream-filter-size-bytes``) and
+whether any message has none. A consumer with ``x-stream-filter`` is sent a
+chunk whole when the filter may hold one of its values, so it gets other values
+too, and now and then a chunk that holds none of them: a client must filter
+rows itself. A filter that is neither a string nor a list of strings is
+ignored, as RabbitMQ 4.x ignores it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from typing import Any
+
+from .message import Message
+
+__all__ = ["BLOOM_BITS", "ChunkFilter", "ConsumerFilter", "bloom_bits", "chunk_filter", "consumer_filter"]
+
+BLOOM_BITS = 16 * 8
+_HEADER = "x-stream-filter-value"
+_HEADER_BYTES = _HEADER.encode()
+
+
+def bloom_bits(value: str) -> int:
+    digest = hashlib.blake2b(value.encode("utf-8"), digest_size=4).digest()
+    return (1 << (digest[0] << 8 | digest[1]) % BLOOM_BITS) | (1 << (digest[2] << 8 | digest[3]) % BLOOM_BITS)
+
+
+class ChunkFilter:
+    __slots__ = ("bloom", "unfiltered")
+
+    def __init__(self, bloom: int, unfiltered: bool) -> None:
+        self.bloom = bloom
+        self.unfiltered = unfiltered  # a message without a filter value
+
+
+def chunk_filter(records: Iterable[Message]) -> ChunkFilter:
+    bloom, unfiltered = 0, False
+    for message in records:
+        value = message.headers().get(_HEADER) if _HEADER_BYTES in message.header else None
+        if isinstance(value, bytes | bytearray):
+            value = bytes(value).decode("utf-8", "replace")
+        if isinstance(value, str):
+            bloom |= bloom_bits(value)
+        else:
+            unfiltered = True
+    return ChunkFilter(bloom, unfiltered)
+
+
+class ConsumerFilter:
+    __slots__ = ("masks", "match_unfiltered")
+
+    def __init__(self, values: list[str], match_unfiltered: bool) -> None:
+        self.masks = [bloom_bits(v) for v in values]
+        self.match_unfiltered = match_unfiltered
+
+    def passes(self, chunk: ChunkFilter) -> bool:
+        if self.match_unfiltered and chunk.unfiltered:
+            return True
+        return any(chunk.bloom & mask == mask for mask in self.masks)
+
+
+def consumer_filter(arguments: dict[str, Any]) -> ConsumerFilter | None:
+    value = arguments.get("x-stream-filter")
+    if isinstance(value, bytes | bytearray | str):
+        values = [value]
+    elif isinstance(value, list) and value and all(isinstance(v, bytes | bytearray | str) for v in value):
+        values = list(value)
+    else:
+        return None
+    texts = [bytes(v).decode("utf-8", "replace") if isinstance(v, bytes | bytearray) else v for v in values]
+    return ConsumerFilter(texts, arguments.get("x-stream-match-unfiltered") is True)
