@@ -45,7 +45,7 @@ class AmqpDataSource(DataSource):
         from .sink.columns import check_schema
 
         options = parse_sink_options(self.options)
-        check_schema(schema)  # on the driver, before any task publishes
+        check_schema(schema, options)  # on the driver, before any task publishes
         return options
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:

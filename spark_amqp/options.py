@@ -92,6 +92,10 @@ class SinkOptions:
     declare_queue: str | None
     queue_arguments: dict[str, Any]
     binding_key: str
+    # each row goes to one partition of this super stream, by its partition_key (else routing_key) column
+    super_stream: str | None = None
+    # the column whose value each message carries as x-stream-filter-value (stream filtering)
+    filter_value_column: str = "filter_value"
 
 
 # key (lower case) -> documented spelling
@@ -124,6 +128,8 @@ SINK_KEYS = CONNECTION_KEYS | {
         "declareQueue",
         "queueArguments",
         "bindingKey",
+        "superStream",
+        "filterValueColumn",
     )
 }
 
@@ -229,6 +235,10 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         raise AmqpOptionError("option 'declareQueue' takes the name of a queue to declare")
     if declare_queue is None and (r.text("queueArguments") is not None or r.text("bindingKey") is not None):
         raise AmqpOptionError("options 'queueArguments' and 'bindingKey' only apply with declareQueue=<queue name>")
+    super_stream = _super_stream(r)
+    filter_value_column = (r.text("filterValueColumn", "filter_value") or "").strip()
+    if not filter_value_column:
+        raise AmqpOptionError("option 'filterValueColumn' takes the name of a string column")
     confirm_timeout = r.number("confirmTimeout", 30.0, 0.001, MAX_SECONDS_WAIT)
     max_in_flight = r.integer("maxInFlight", 1000, 1, 1_000_000)
     max_message_size = r.integer("maxMessageSize", None, 1, MAX_MESSAGE_SIZE_3X * 4)
@@ -247,4 +257,22 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         declare_queue=declare_queue.strip() if declare_queue else None,
         queue_arguments=r.json_object("queueArguments"),
         binding_key=r.text("bindingKey", "") or "",
+        super_stream=super_stream,
+        filter_value_column=filter_value_column,
     )
+
+
+def _super_stream(r: OptionReader) -> str | None:
+    name = r.text("superStream")
+    if name is None:
+        return None
+    name = name.strip()
+    if not name:
+        raise AmqpOptionError("option 'superStream' is empty: give the super stream's name")
+    for key in ("exchange", "declareExchange", "declareQueue"):
+        if r.text(key) is not None:
+            raise AmqpOptionError(
+                f"options 'superStream' and '{key}' exclude each other: with a super stream, each row goes to the partition "
+                "its key hashes to"
+            )
+    return name

@@ -1,8 +1,10 @@
 """What the sink accepts as input columns, and rows to AMQP messages.
 
 Input columns: ``body`` (binary or string, required); optional ``routing_key``,
-``exchange``, ``headers`` (a map with string keys) and the property columns of
-the source schema. Columns only the source produces (``queue``,
+``exchange``, ``headers`` (a map with string keys), the property columns of
+the source schema, ``filter_value`` (or the column option ``filterValueColumn``
+names: the message's ``x-stream-filter-value``) and, with ``superStream``,
+``partition_key``. Columns only the source produces (``queue``,
 ``delivery_tag``, ``redelivered``, ``raw_header``, stream mode's ``offset``) are
 ignored, so a DataFrame read from a queue or a stream can be written back as it is. Any other column is an error, to catch typos.
 
@@ -27,6 +29,7 @@ from ..errors import AmqpOptionError
 from ..options import MAX_MESSAGE_SIZE_3X, MAX_MESSAGE_SIZE_4X, SinkOptions
 from ..property_columns import INT_PROPERTIES as INT_PROPERTY_COLUMNS
 from ..property_columns import STRING_PROPERTIES as STRING_PROPERTY_COLUMNS
+from .routing import partition_of
 
 SOURCE_ONLY_COLUMNS = ("queue", "delivery_tag", "redelivered", "raw_header", "offset")
 # Encoded exchange names and routing keys kept between batches. Keys can be unique per row (a
@@ -36,25 +39,41 @@ ACCEPTED = ("body", "routing_key", "exchange", "headers", *STRING_PROPERTY_COLUM
 HEADER_VALUE_TYPES = ("string", "binary", "boolean", "byte", "short", "integer", "long", "float", "double", "timestamp", "decimal")
 
 
-def check_schema(schema: Any) -> None:
+def accepted(options: SinkOptions) -> tuple[str, ...]:
+    routed = ("partition_key",) if options.super_stream else ()
+    return (*ACCEPTED, options.filter_value_column.lower(), *routed)
+
+
+def check_schema(schema: Any, options: SinkOptions) -> None:
     """Validate a Spark StructType of the input; raises AmqpOptionError naming the column."""
     fields = {f.name.lower(): f for f in schema.fields}
     if "body" not in fields:
         raise AmqpOptionError(
             f"the DataFrame to write needs a 'body' column (binary or string); it has: {', '.join(f.name for f in schema.fields)}"
         )
-    unknown = [f.name for f in schema.fields if f.name.lower() not in ACCEPTED and f.name.lower() not in SOURCE_ONLY_COLUMNS]
+    known = accepted(options)
+    unknown = [f.name for f in schema.fields if f.name.lower() not in known and f.name.lower() not in SOURCE_ONLY_COLUMNS]
     if unknown:
+        hint = " ('partition_key' only with option superStream)" if "partition_key" in fields and not options.super_stream else ""
         raise AmqpOptionError(
-            f"unknown column(s) {', '.join(unknown)}; the AMQP sink takes: {', '.join(ACCEPTED)} (drop or rename the others)"
+            f"unknown column(s) {', '.join(unknown)}; the AMQP sink takes: {', '.join(known)}{hint} (drop or rename the others)"
         )
+    if options.super_stream:
+        if "exchange" in fields:
+            raise AmqpOptionError(
+                f"column 'exchange' cannot be used with option superStream: each row goes to the partition of super stream '{options.super_stream}' its key hashes to"
+            )
+        if "partition_key" not in fields and "routing_key" not in fields and options.routing_key is None:
+            raise AmqpOptionError(
+                "option superStream routes each row by its key: give a 'partition_key' or 'routing_key' column (or option routingKey, which sends every row to one partition)"
+            )
 
     def kind(name: str) -> str:
         return str(fields[name].dataType.typeName())
 
     if kind("body") not in ("binary", "string"):
         raise AmqpOptionError(f"column 'body' must be binary or string, not {fields['body'].dataType.simpleString()}")
-    for name in ("routing_key", "exchange", *STRING_PROPERTY_COLUMNS):
+    for name in ("routing_key", "exchange", "partition_key", options.filter_value_column.lower(), *STRING_PROPERTY_COLUMNS):
         if name in fields and kind(name) != "string":
             raise AmqpOptionError(f"column '{name}' must be a string, not {fields[name].dataType.simpleString()}")
     for name in INT_PROPERTY_COLUMNS:
@@ -101,6 +120,9 @@ class MessageBuilder:
         self.default_key = options.routing_key
         self.position = 0  # rows of this partition in earlier batches (all published)
         self._shortstr_cache: dict[str, bytes] = {}
+        self.filter_column = options.filter_value_column.lower()
+        self.partitions: tuple[bytes, ...] = ()  # a super stream's partitions (encoded names), once found
+        self._routes: dict[str, bytes] = {}
         constant = commands.Basic.Properties(delivery_mode=2 if options.persistent else None)
         self._constant_props = header.ContentHeader(0, 0, constant).marshal()[12:]
 
@@ -109,6 +131,27 @@ class MessageBuilder:
         if self.options.max_message_size is None and version is not None and version >= (4, 0):
             self.max_message_size = MAX_MESSAGE_SIZE_4X
             self._limit_said = f"RabbitMQ {version[0]}.{version[1]}'s default max_message_size, {MAX_MESSAGE_SIZE_4X}; set maxMessageSize if the broker's is higher"
+
+    def route_to(self, partitions: tuple[str, ...]) -> None:
+        """A super stream's partitions in their order: each row goes to the one its key hashes to."""
+        self.partitions = tuple(_shortstr(p) for p in partitions)
+
+    def _routed(self, columns: dict[str, pa.Array], n: int) -> list[bytes]:
+        """Per row, the partition (its encoded name: published through the default exchange) its key picks."""
+        name = "partition_key" if "partition_key" in columns else "routing_key"
+        keys = self._names(columns.get(name), n, self.default_key, name)
+        routes, partitions = self._routes, self.partitions
+        if len(routes) > SHORTSTR_CACHE_MAX:
+            routes.clear()
+        out = []
+        for i, key in enumerate(keys):
+            if key is None:
+                raise self._bad(name, i, None, f"a row needs a key to pick its partition of super stream '{self.options.super_stream}'")
+            route = routes.get(key)
+            if route is None:
+                route = routes[key] = partitions[partition_of(key, len(partitions))]
+            out.append(route)
+        return out
 
     def messages(self, batch: pa.RecordBatch) -> Iterator[Outgoing]:
         columns = {name.lower(): batch.column(i) for i, name in enumerate(batch.schema.names)}
@@ -124,7 +167,8 @@ class MessageBuilder:
         for i, body in enumerate(bodies):
             if len(body) > limit:
                 raise self._bad("body", i, body, f"{len(body)} bytes is larger than the broker accepts ({self._limit_said})")
-        keys = self._names(columns.get("routing_key"), n, self.default_key or "", "routing_key")
+        routed = self._routed(columns, n) if self.options.super_stream else None
+        keys = self._names(columns.get("routing_key"), n, self.default_key or "", "routing_key") if routed is None else []
         exchanges = self._names(columns.get("exchange"), n, None, "exchange")
         props = self._property_rows(columns, n)
         self.position += n
@@ -132,14 +176,17 @@ class MessageBuilder:
         if len(cache) > SHORTSTR_CACHE_MAX:
             cache.clear()
         for i in range(n):
-            key = keys[i]
             exchange_name = exchanges[i]
             exchange = (
                 self.default_exchange
                 if exchange_name is None
                 else cache.get(exchange_name) or cache.setdefault(exchange_name, _shortstr(exchange_name))
             )
-            key_bytes = cache.get(key) or cache.setdefault(key, _shortstr(key))
+            if routed is None:
+                key = keys[i]
+                key_bytes = cache.get(key) or cache.setdefault(key, _shortstr(key))
+            else:
+                key_bytes = routed[i]
             body = bodies[i]
             prop_bytes = self._constant_props if props is None else props[i]
             yield Outgoing(exchange, key_bytes, struct.pack(">HHQ", 60, 0, len(body)) + prop_bytes, body)
@@ -168,13 +215,16 @@ class MessageBuilder:
 
     def _property_rows(self, columns: dict[str, pa.Array], n: int) -> list[bytes] | None:
         present = [c for c in PROPERTY_COLUMNS if c in columns]
-        if not present:
+        filters = columns[self.filter_column].to_pylist() if self.filter_column in columns else None
+        if not present and filters is None:
             return None
         values = {c: columns[c].to_pylist() for c in present}
         out = []
         persistent = 2 if self.options.persistent else None
         for i in range(n):
             row = {c: values[c][i] for c in present if values[c][i] is not None}
+            if filters is not None and filters[i] is not None:
+                row["headers"] = _with_filter_value(row.get("headers"), filters[i])
             try:
                 kwargs = {_PAMQP_NAMES.get(c, c): _property_value(c, v) for c, v in row.items()}
                 kwargs.setdefault("delivery_mode", persistent)
@@ -186,6 +236,15 @@ class MessageBuilder:
 
 
 PROPERTY_COLUMNS = (*STRING_PROPERTY_COLUMNS, *INT_PROPERTY_COLUMNS, "timestamp", "headers")
+FILTER_VALUE_HEADER = "x-stream-filter-value"
+
+
+def _with_filter_value(headers: Any, value: str) -> list[tuple[str, Any]]:
+    """The row's headers and its filter value (which wins over a header of that name: it comes last)."""
+    items = list(headers.items() if isinstance(headers, dict) else headers or [])
+    return [*items, (FILTER_VALUE_HEADER, value)]
+
+
 _PAMQP_NAMES = {"type": "message_type"}
 _MAX_TIMESTAMP = 253402300799  # 9999-12-31T23:59:59Z, the last second a datetime (and Spark) holds
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,16 +117,20 @@ class PartitionPublisher:
         self.options = options
 
     async def publish(
-        self, batches: Iterable[Iterable[Outgoing]], description: str, on_connect: Callable[[AmqpClient], None] | None = None
+        self,
+        batches: Iterable[Iterable[Outgoing]],
+        description: str,
+        on_connect: Callable[[AmqpClient], Awaitable[None]] | None = None,
     ) -> PublishResult:
-        """Publish every message; ``on_connect`` learns of the connection before the first batch is built."""
+        """Publish every message; ``on_connect`` learns of the connection (and may ask the broker) before the
+        first batch is built."""
         opts = self.options
         client = await _connect(opts, description)
-        if on_connect is not None:
-            on_connect(client)
         window = ConfirmWindow(opts.max_in_flight)
         failed: asyncio.Future[BaseException] | None = None
         try:
+            if on_connect is not None:
+                await on_connect(client)
             channel = await self._open_channel(client)
             channel.on_confirm = window.on_confirm
             channel.on_return = window.on_return

@@ -11,7 +11,7 @@ import asyncio
 import datetime
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +19,10 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
+from ..client import AmqpClient
+from ..errors import AmqpProtocolError, AmqpPublishError, AmqpSourceError, explain
 from ..options import SinkOptions
+from ..streams.partitions import partitions_of
 from .columns import MessageBuilder
 from .publisher import PartitionPublisher
 
@@ -44,10 +47,29 @@ class AmqpCommitMessage(WriterCommitMessage):
 def _publish_partition(options: SinkOptions, batches: Iterator[pa.RecordBatch]) -> AmqpCommitMessage:
     builder = MessageBuilder(options)
     partition = uuid.uuid4().hex[:8]
-    result = asyncio.run(
-        PartitionPublisher(options).publish((builder.messages(b) for b in batches), partition, lambda c: builder.met(c.server_version))
-    )
+    result = asyncio.run(PartitionPublisher(options).publish((builder.messages(b) for b in batches), partition, connected(builder)))
     return AmqpCommitMessage(partition, result.published, result.confirmed)
+
+
+def connected(builder: MessageBuilder) -> Callable[[AmqpClient], Awaitable[None]]:
+    """What the builder must learn from the broker before the first message: its version (the default
+    message size limit) and, writing to a super stream, its partitions."""
+
+    async def learn(client: AmqpClient) -> None:
+        builder.met(client.server_version)
+        name = builder.options.super_stream
+        if name is not None:
+            try:
+                builder.route_to(await partitions_of(client, name))
+            except AmqpSourceError as err:  # none found: the same words as the source's
+                raise AmqpPublishError(f"{err}; nothing was published") from None
+            except AmqpProtocolError as err:
+                c = builder.options.connection
+                raise AmqpPublishError(
+                    f"{explain(err, c.display_uri, c.username, c.vhost, f'super stream {name!r}')}; nothing was published"
+                ) from err
+
+    return learn
 
 
 _ARROW_TYPES = {

@@ -13,6 +13,7 @@ from spark_amqp.errors import AmqpOptionError, AmqpPublishError
 from spark_amqp.options import parse_sink_options
 from spark_amqp.sink.columns import MessageBuilder
 from spark_amqp.sink.publisher import PartitionPublisher
+from spark_amqp.sink.writer import connected
 
 from ..broker.helpers import connect, drain, ready_count
 
@@ -21,7 +22,7 @@ def _publish(url: str, table: dict, **options: str):  # type: ignore[no-untyped-
     opts = parse_sink_options({"uri": url, **options})
     batch = pa.RecordBatch.from_pydict(table)
     builder = MessageBuilder(opts)
-    return asyncio.run(PartitionPublisher(opts).publish([builder.messages(batch)], "test", lambda c: builder.met(c.server_version)))
+    return asyncio.run(PartitionPublisher(opts).publish([builder.messages(batch)], "test", connected(builder)))
 
 
 def _declare(url: str, queue: str, **kwargs) -> None:  # type: ignore[no-untyped-def]

@@ -57,7 +57,10 @@ def test_a_dataframe_read_from_a_stream_is_accepted_as_it_is() -> None:
     from spark_amqp.reading.arrow import STREAM_SCHEMA_DDL
     from spark_amqp.sink.columns import check_schema
 
-    check_schema(StructType([StructField("body", BinaryType()), StructField("offset", LongType()), StructField("queue", StringType())]))
+    check_schema(
+        StructType([StructField("body", BinaryType()), StructField("offset", LongType()), StructField("queue", StringType())]),
+        parse_sink_options({"uri": "amqp://h/"}),
+    )
     assert "offset BIGINT" in STREAM_SCHEMA_DDL  # the column stream mode adds, which the sink ignores
 
 

@@ -44,8 +44,11 @@ def make_stream(url: str, name: str) -> list[str | None]:
 
 def rows(opts, part: StreamRange) -> list[tuple[int, str]]:  # type: ignore[no-untyped-def]
     """(offset, body) read, within 60 s (a range that never sees its end would wait for ever)."""
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
         batches = pool.submit(lambda: list(read_range(opts, part))).result(60)
+    finally:
+        pool.shutdown(wait=False)
     return [
         (o, b.decode())
         for batch in batches
