@@ -20,6 +20,7 @@ from spark_amqp.streams.planner import StreamPlanner
 from spark_amqp.streams.ranges import StreamRange
 
 from ..broker.helpers import wait_for
+from ..brokers import version
 from ..streams.test_reading import declare_stream, offsets_and_ids, options, publish
 
 pytestmark = [pytest.mark.spark, pytest.mark.streams]
@@ -161,3 +162,29 @@ def test_spark_read_of_a_stream_reads_its_bounds_and_refuses_a_queue(spark, amqp
     q = names.queue("classic")
     with pytest.raises(Exception, match=rf"spark.read cannot read queue '{q}'.*trigger\(availableNow=True\)"):
         spark.read.format("amqp").option("uri", amqp_url).option("queue", q).load().collect()
+
+
+def test_a_super_stream_written_by_key_and_read_back_filtered(spark, amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
+    name = names.queue("orders")
+    for i in range(3):
+        declare_stream(amqp_url, f"{name}-{i}")
+    df = spark.range(600).selectExpr(
+        "CAST(id AS STRING) AS body",
+        "CONCAT('customer-', id % 7) AS partition_key",
+        "ELT(CAST(id % 3 AS INT) + 1, 'eu', 'us', 'ap') AS filter_value",
+    )
+    df.write.format("amqp").option("uri", amqp_url).option("superStream", name).mode("append").save()
+    read = spark.read.format("amqp").option("uri", amqp_url).option("superStream", name)
+    everything = read.load().select(F.col("body").cast("string").alias("id"), "queue").collect()
+    # Every customer's rows in one partition, the one RabbitMQ's Java client would pick (tests/sink/test_routing.py).
+    by_customer: dict[int, set[str]] = {}
+    for row in everything:
+        by_customer.setdefault(int(row["id"]) % 7, set()).add(row["queue"])
+    assert sorted(int(r["id"]) for r in everything) == list(range(600))
+    assert all(len(partitions) == 1 for partitions in by_customer.values()) and len({p for ps in by_customer.values() for p in ps}) > 1
+    if version(amqp_url) < (3, 13):
+        with pytest.raises(Exception, match=r"option 'filter' needs RabbitMQ 3\.13"):
+            read.option("filter", "eu").load().collect()
+        return
+    eu = read.option("filter", "eu").load().select(F.col("body").cast("string").alias("id")).collect()
+    assert sorted(int(r["id"]) for r in eu) == list(range(0, 600, 3))
