@@ -13,20 +13,22 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import pika
 
 
-def publish_async(url: str, queue: str, count: int, body: bytes, window: int = 1000) -> float:
-    """Seconds to publish ``count`` messages with ``window`` unconfirmed at most."""
+def publish_async(
+    url: str, queue: str, count: int, body: bytes, window: int = 1000, properties: Callable[[int], pika.BasicProperties] | None = None
+) -> float:
+    """Seconds to publish ``count`` messages with ``window`` unconfirmed at most (``properties`` of the i-th message)."""
     state = {"sent": 0, "confirmed": 0, "nacked": 0}
     conn_box: list[pika.SelectConnection] = []
 
     def pump(ch: pika.channel.Channel) -> None:
         while state["sent"] < count and state["sent"] - state["confirmed"] < window:
-            ch.basic_publish("", queue, body)
+            ch.basic_publish("", queue, body, None if properties is None else properties(state["sent"]))
             state["sent"] += 1
 
     def on_confirm(frame: pika.frame.Method) -> None:
@@ -75,20 +77,28 @@ def publish_sync(url: str, queue: str, count: int, body: bytes) -> float:
 
 
 def consume(
-    url: str, queue: str, count: int, prefetch: int = 1000, ack_every: int = 1000, arguments: dict[str, object] | None = None
+    url: str,
+    queue: str,
+    count: int,
+    prefetch: int = 1000,
+    ack_every: int = 1000,
+    arguments: dict[str, object] | None = None,
+    keep: Callable[[pika.BasicProperties], bool] | None = None,
 ) -> float:
-    """Seconds to consume and multi-ack ``count`` messages.
+    """Seconds to consume and multi-ack ``count`` messages (with ``keep``: until ``count`` were kept).
 
     On a stream queue pass ``arguments={"x-stream-offset": ...}``: acks only give credit back
     there, so ``ack_every`` must stay below ``prefetch``.
     """
-    state = {"got": 0}
+    state = {"got": 0, "kept": 0}
 
     def on_message(ch: pika.channel.Channel, method: pika.spec.Basic.Deliver, props: pika.BasicProperties, body: bytes) -> None:
         state["got"] += 1
-        if state["got"] % ack_every == 0 or state["got"] == count:
+        if keep is None or keep(props):
+            state["kept"] += 1
+        if state["got"] % ack_every == 0 or state["kept"] == count:
             ch.basic_ack(method.delivery_tag, multiple=True)
-        if state["got"] == count:
+        if state["kept"] == count:
             ch.connection.close()
 
     def on_channel(ch: pika.channel.Channel) -> None:
@@ -102,8 +112,8 @@ def consume(
     start = time.perf_counter()
     conn.ioloop.start()
     elapsed = time.perf_counter() - start
-    if state["got"] != count:
-        raise RuntimeError(f"consumer got {state['got']} of {count}")
+    if state["kept"] != count:
+        raise RuntimeError(f"consumer got {state['kept']} of {count}")
     return elapsed
 
 

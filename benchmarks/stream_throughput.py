@@ -56,6 +56,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import pika
 import pika_baseline as pb
+import stream_reads
 from spark_runs import BatchLog, run_to_end, spark_session
 
 from spark_amqp.streams.range_reader import ACK_SHARE
@@ -359,6 +360,48 @@ def steady_publish(url: str, stream: str, count: int, rate: int, jars: Path | No
     return time.monotonic() - start
 
 
+def batch_reads(spark, url: str, stream: str, filtered: str, args: argparse.Namespace, raw: float, partitions: list[int]) -> None:  # type: ignore[no-untyped-def]
+    """spark.read of the whole stream, and of a stream of the same size filtered to 1 in 10, against raw pika."""
+    n = args.messages
+    ack_every = max(1, args.prefetch // ACK_SHARE)
+    for p in partitions:
+        with CpuMeter() as cpu:
+            seconds = stream_reads.spark_batch_read(spark, url, stream, p, n)
+        print(
+            f"spark.read numPartitions={p} of {n:,} messages (count()): {n / seconds:,.0f} msg/s = {n / seconds / raw:.2f}x raw pika "
+            f"({seconds:.1f} s, planning and job start included)\n    {cpu.summary(n)}",
+            flush=True,
+        )
+    declare_stream(url, filtered)
+    wanted = stream_reads.matching(n)
+    seconds = stream_reads.preload_filtered(url, filtered, n)
+    print(
+        f"{n:,} messages with x-stream-filter-value v0..v9 in blocks of {stream_reads.FILTER_BLOCK:,} in '{filtered}' "
+        f"({n / seconds:,.0f} msg/s); filter=v0 keeps {wanted:,}",
+        flush=True,
+    )
+    base = [stream_reads.raw_filtered(url, filtered, n, args.prefetch, ack_every)]
+    runs = []
+    for p in partitions:
+        with CpuMeter() as cpu:
+            seconds = stream_reads.spark_batch_read(spark, url, filtered, p, wanted, filter="v0")
+        runs.append((p, seconds, cpu))
+    base.append(stream_reads.raw_filtered(url, filtered, n, args.prefetch, ack_every))
+    raw_f = sum(base) / len(base)
+    unfiltered = n / stream_reads.spark_batch_read(spark, url, filtered, max(partitions), n)
+    print(
+        f"raw pika with x-stream-filter=v0, checking each header (before, after): {base[0]:,.0f}, {base[1]:,.0f} offsets/s; "
+        f"the same stream read unfiltered by spark.read numPartitions={max(partitions)}: {unfiltered:,.0f} msg/s",
+        flush=True,
+    )
+    for p, seconds, cpu in runs:
+        print(
+            f"spark.read filter=v0 numPartitions={p}: {n / seconds:,.0f} offsets/s ({wanted:,} rows in {seconds:.1f} s) = "
+            f"{n / seconds / raw_f:.2f}x raw pika filtered, {n / seconds / unfiltered:.2f}x the unfiltered read\n    {cpu.summary(n)}",
+            flush=True,
+        )
+
+
 # -- the run ----------------------------------------------------------------------------
 
 
@@ -379,7 +422,11 @@ def main() -> None:
     parser.add_argument("--delta-trigger", default="100 milliseconds", help="processing-time trigger of the Delta runs")
     parser.add_argument("--delta-min", type=int, default=50_000, help="minMessagesPerTrigger of the second Delta run")
     parser.add_argument("--max-trigger-delay", default="10s")
+    parser.add_argument("--skip-batch", action="store_true", help="no spark.read runs (whole and filtered)")
+    parser.add_argument("--only-batch", action="store_true", help="only the spark.read runs and the raw pika baselines")
     args = parser.parse_args()
+    if args.only_batch:
+        args.skip_delta, args.no_perftest = True, True
 
     url = os.environ.get("AMQP_TEST_URL")
     if not url:
@@ -398,6 +445,7 @@ def main() -> None:
     stream = f"bench.stream.{os.getpid()}"
     warm = f"{stream}.warmup"
     delta_streams = [f"{stream}.delta.{i}" for i in range(2)]
+    filtered = f"{stream}.filtered"
     workdir = tempfile.mkdtemp(prefix="amqp-stream-bench-")
     spark = None
     try:
@@ -429,7 +477,7 @@ def main() -> None:
         preload(url, warm, WARMUP_MESSAGES, jars)
         available_now(spark, url, warm, max(partitions), args, workdir)  # JVM and Python workers warm up; not measured
         results = []
-        for p in partitions:
+        for p in [] if args.only_batch else partitions:
             with CpuMeter() as cpu:
                 log, wall = available_now(spark, url, stream, p, args, workdir)
             assert log.rows == args.messages, f"numPartitions={p}: read {log.rows} of {args.messages}"
@@ -456,6 +504,9 @@ def main() -> None:
                 flush=True,
             )
 
+        if not args.skip_batch:
+            batch_reads(spark, url, stream, filtered, args, raw, partitions)
+
         if not args.skip_delta:
             declare_stream(url, warm)
             preload(url, warm, WARMUP_MESSAGES, jars)
@@ -465,7 +516,7 @@ def main() -> None:
             for name, minimum in zip(delta_streams, (None, args.delta_min), strict=True):
                 print(delta_run(spark, url, name, args, workdir, jars, minimum), flush=True)
     finally:
-        for name in (stream, warm, *delta_streams):
+        for name in (stream, warm, *delta_streams, filtered):
             try:
                 delete_queue(url, name)
             except Exception as err:

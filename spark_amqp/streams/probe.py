@@ -33,9 +33,10 @@ from pamqp import commands
 
 from .. import framing
 from ..client import AmqpClient
+from ..client.properties import LazyProperties
 from ..reading.stream_consumers import consume, not_a_stream, stream_offset
 
-__all__ = ["EMPTY_WAIT", "head", "message_at", "offset_at", "tail"]
+__all__ = ["EMPTY_WAIT", "filter_value_at", "head", "message_at", "offset_at", "tail"]
 
 # How long a stream whose message count reads 0 is given to send its first delivery.
 EMPTY_WAIT = 1.0
@@ -61,6 +62,15 @@ async def message_at(client: AmqpClient, stream: str, offset: int) -> tuple[int,
     return (await _probe(client, stream, offset, 1, to_the_end=False)).first
 
 
+async def filter_value_at(client: AmqpClient, stream: str, offset: int) -> tuple[int, str | None] | None:
+    """The offset and ``x-stream-filter-value`` (None: it has none) of the first message at or after ``offset``;
+    None if the stream has none there."""
+    seen = await _probe(client, stream, offset, 1, to_the_end=False)
+    if seen.first is None or seen.first_props is None:
+        return None
+    return seen.first[0], seen.first_props.text_header("x-stream-filter-value")
+
+
 async def offset_at(client: AmqpClient, stream: str, epoch_ms: int) -> int | None:
     """The first offset of the first chunk written at or after ``epoch_ms`` (to the second); None if none is."""
     moment = datetime.datetime.fromtimestamp(epoch_ms // 1000, tz=datetime.timezone.utc)
@@ -74,12 +84,13 @@ class _Seen:
     def __init__(self) -> None:
         self.count = 0
         self.first: tuple[int, bytes] | None = None
+        self.first_props: LazyProperties | None = None
         self.last: tuple[int, bytes] | None = None
 
-    def add(self, offset: int, body: bytes) -> None:
+    def add(self, offset: int, body: bytes, props: LazyProperties) -> None:
         self.count += 1
         if self.first is None:
-            self.first = (offset, body)
+            self.first, self.first_props = (offset, body), props
         if self.last is None or offset > self.last[0]:
             self.last = (offset, body)
 
@@ -98,7 +109,7 @@ async def _probe(client: AmqpClient, stream: str, spec: Any, prefetch: int, to_t
         if offset is None:
             foreign = True
         else:
-            seen.add(offset, body)
+            seen.add(offset, body, props)
         last_tag = tag
         arrived.set()
 

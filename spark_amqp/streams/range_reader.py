@@ -41,9 +41,9 @@ REFUSALS_AT_ONE_OFFSET = 3
 # 75-85k acking every 125.
 ACK_SHARE = 16
 # With a filter, the broker skips the chunks that match nothing without a word, so a range whose last
-# offsets match nothing never sees its end. After this long without a delivery the rest of the range is
-# read unfiltered (the rows are filtered here anyway): a slow broker costs only the filter's saving.
-FILTER_IDLE = 0.5
+# offsets match nothing would never see its end. After this long without a delivery, the filter takes in
+# the value of the range's last message as well (see _widen_filter): a slow broker costs some chunks more.
+FILTER_IDLE = 0.25
 _tags = itertools.count(1)
 
 
@@ -81,7 +81,8 @@ class _RangeReader:
         self._refused = (-1, 0)  # (offset, how many 541s in a row there)
         self.credit = max(1, min(options.prefetch, part.size))
         self.row_filter = filtering.RowFilter(options.filter, options.match_unfiltered) if options.filter else None
-        self.broker_filter = filtering.consumer_arguments(options)  # dropped once the broker falls silent
+        self.broker_filter = filtering.consumer_arguments(options)
+        self.widened = False  # the broker's filter takes the range's last message in too
 
     async def next_rows(self, limit: int) -> list[tuple[bytes, str, str, str, int, Any]]:
         timeout = self.options.connection.connection_timeout
@@ -97,12 +98,12 @@ class _RangeReader:
                 self.arrived.clear()
                 if self.failure is None and not self.done and len(self.rows) < limit:
                     # The planner saw these offsets in the stream: a silent broker is a fault, not an end.
-                    await asyncio.wait_for(self.arrived.wait(), FILTER_IDLE if self.broker_filter else timeout)
+                    await asyncio.wait_for(self.arrived.wait(), FILTER_IDLE if self.broker_filter and not self.widened else timeout)
                 if self.failure is not None:
                     raise self.failure
             except asyncio.TimeoutError:
-                if self.broker_filter:
-                    await self._unfiltered()
+                if self.broker_filter and not self.widened:
+                    await self._widen_filter()
                     continue
                 await self._silent(timeout)
             except AmqpSourceError:
@@ -133,15 +134,27 @@ class _RangeReader:
         tag = f"spark-amqp-range-{next(_tags)}"
         await stream_consumers.consume(channel, self.part.stream, tag, self.next_offset, self.credit, self.broker_filter)
 
-    async def _unfiltered(self) -> None:
-        """Go on without the broker's filter, from the first offset not yet read (see FILTER_IDLE)."""
+    async def _widen_filter(self) -> None:
+        """From the first offset not yet read, also ask the broker for the value of the range's last message
+        (or for messages without one): the chunk holding it then comes for sure, and the range sees its end.
+        Rows are still filtered here, so only the chunks sent change."""
+        assert self.client is not None
+        last = await probe.filter_value_at(self.client, self.part.stream, self.part.end - 1)
+        arguments = dict(self.broker_filter)
+        if last is None:
+            arguments = {}  # nothing there now: read on unfiltered, and _silent says what became of it
+        elif last[1] is None:
+            arguments["x-stream-match-unfiltered"] = True
+        else:
+            arguments["x-stream-filter"] = list(dict.fromkeys([*self.options.filter, last[1]]))
         log.debug(
-            "AMQP source: stream '%s': no chunk matched the filter for %gs; reading on from offset %d unfiltered",
+            "AMQP source: stream '%s': nothing matched the filter for %gs; reading on from offset %d with %s",
             self.part.stream,
             FILTER_IDLE,
             self.next_offset,
+            arguments or "no filter",
         )
-        self.broker_filter = {}
+        self.broker_filter, self.widened = arguments, True
         # Deliveries that come before the close-ok are still read (in order): the next consumer starts after them.
         channel, self.channel = self.channel, None
         if channel is not None:

@@ -588,11 +588,11 @@ def test_a_541_at_the_same_offset_is_not_retried_forever(amqp_url: str, names, m
 
     real_consume, attempts = stream_consumers.consume, []
 
-    async def refused_at_4(channel, stream, tag, offset, prefetch):  # type: ignore[no-untyped-def]
+    async def refused_at_4(channel, stream, tag, offset, prefetch, arguments=None):  # type: ignore[no-untyped-def]
         attempts.append(offset)
         if offset == 4:
             raise InternalError("INTERNAL_ERROR", on_connection=True)
-        await real_consume(channel, stream, tag, offset, prefetch)
+        await real_consume(channel, stream, tag, offset, prefetch, arguments)
 
     monkeypatch.setattr(range_reader.stream_consumers, "consume", refused_at_4)
     with pytest.raises(
