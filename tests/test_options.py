@@ -168,3 +168,36 @@ def test_an_ambiguous_uri_is_refused_with_how_to_encode_it(uri: str) -> None:
     assert "s3cret-pw" not in message
     encoded = parse_source_options({"uri": "amqp://team%2Fetl:s3cret-pw@rabbit/v%40x", "queue": "q"}).connection
     assert (encoded.username, encoded.password, encoded.host, encoded.vhost) == ("team/etl", "s3cret-pw", "rabbit", "v@x")
+
+
+def test_stream_filter_options() -> None:
+    from spark_amqp.streams.filtering import consumer_arguments
+    from spark_amqp.streams.options import parse_stream_options
+
+    base = {"uri": "amqp://h/", "stream": "s"}
+    assert parse_stream_options(base).filter == () and consumer_arguments(parse_stream_options(base)) == {}
+    one = parse_stream_options({**base, "filter": " eu "})
+    assert one.filter == ("eu",) and consumer_arguments(one) == {"x-stream-filter": "eu"}
+    several = parse_stream_options({**base, "filter": "eu,us,eu", "filterMatchUnfiltered": "true"})
+    assert consumer_arguments(several) == {"x-stream-filter": ["eu", "us"], "x-stream-match-unfiltered": True}
+    with pytest.raises(AmqpOptionError, match=r"option 'filter' takes comma-separated filter values, none of them empty; got 'eu,,us'"):
+        parse_stream_options({**base, "filter": "eu,,us"})
+    with pytest.raises(AmqpOptionError, match=r"option 'filterMatchUnfiltered' only applies with option 'filter'"):
+        parse_stream_options({**base, "filterMatchUnfiltered": "true"})
+    with pytest.raises(AmqpOptionError, match=r"option 'filterMatchUnfiltered' must be true or false"):
+        parse_stream_options({**base, "filter": "eu", "filterMatchUnfiltered": "yes please"})
+
+
+def test_sink_super_stream_and_filter_column_options() -> None:
+    from spark_amqp.options import parse_sink_options
+
+    assert parse_sink_options({"uri": "amqp://h/"}).super_stream is None
+    opts = parse_sink_options({"uri": "amqp://h/", "superStream": " orders ", "filterValueColumn": "region"})
+    assert (opts.super_stream, opts.filter_value_column) == ("orders", "region")
+    for key in ("exchange", "declareQueue"):
+        with pytest.raises(AmqpOptionError, match=rf"options 'superStream' and '{key}' exclude each other"):
+            parse_sink_options({"uri": "amqp://h/", "superStream": "orders", key: "x"})
+    with pytest.raises(AmqpOptionError, match=r"option 'superStream' is empty"):
+        parse_sink_options({"uri": "amqp://h/", "superStream": " "})
+    with pytest.raises(AmqpOptionError, match=r"option 'filterValueColumn' takes the name of a string column"):
+        parse_sink_options({"uri": "amqp://h/", "filterValueColumn": ""})
