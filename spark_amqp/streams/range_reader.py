@@ -83,6 +83,7 @@ class _RangeReader:
         self.row_filter = filtering.RowFilter(options.filter, options.match_unfiltered) if options.filter else None
         self.broker_filter = filtering.consumer_arguments(options)
         self.widened = False  # the broker's filter takes the range's last message in too
+        self.widen_due = False
 
     async def next_rows(self, limit: int) -> list[tuple[bytes, str, str, str, int, Any]]:
         timeout = self.options.connection.connection_timeout
@@ -92,6 +93,9 @@ class _RangeReader:
                     await self._connect()
                 if self.gaps:  # before more rows go out: a loss must fail the task before the rows after it
                     await self._check_gaps()
+                    continue
+                if self.widen_due:  # here, where a failure to ask is retried as any other
+                    await self._widen_filter()
                     continue
                 if self.channel is None:
                     await self._subscribe()
@@ -103,7 +107,7 @@ class _RangeReader:
                     raise self.failure
             except asyncio.TimeoutError:
                 if self.broker_filter and not self.widened:
-                    await self._widen_filter()
+                    self.widen_due = True
                     continue
                 await self._silent(timeout)
             except AmqpSourceError:
@@ -154,7 +158,7 @@ class _RangeReader:
             self.next_offset,
             arguments or "no filter",
         )
-        self.broker_filter, self.widened = arguments, True
+        self.broker_filter, self.widened, self.widen_due = arguments, True, False
         # Deliveries that come before the close-ok are still read (in order): the next consumer starts after them.
         channel, self.channel = self.channel, None
         if channel is not None:

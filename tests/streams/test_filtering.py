@@ -10,6 +10,7 @@ import logging
 import pytest
 
 from spark_amqp.errors import AmqpSourceError
+from spark_amqp.streams import range_reader
 from spark_amqp.streams.batch import StreamBatchReader
 from spark_amqp.streams.ranges import StreamRange
 
@@ -117,3 +118,24 @@ def test_a_batch_read_with_a_filter(amqp_url: str, names) -> None:  # type: igno
         for o, b in zip(batch.column("offset").to_pylist(), batch.column("body").to_pylist(), strict=True)
     )
     assert got == expected(values, {"b"})
+
+
+def test_a_failure_to_widen_the_filter_is_retried_like_any_other(amqp_url: str, names, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    if version(amqp_url) < (3, 13):
+        pytest.skip("filter is refused below RabbitMQ 3.13 (the first test checks how)")
+    from spark_amqp.errors import ConnectionLost
+    from spark_amqp.streams import probe
+
+    s = names.queue("filtered")
+    values = make_stream(amqp_url, s)
+    real, calls = probe.filter_value_at, []
+
+    async def lost_once(client, stream, offset):  # type: ignore[no-untyped-def]
+        calls.append(offset)
+        if len(calls) == 1:
+            raise ConnectionLost("cut while asking for the last value")
+        return await real(client, stream, offset)
+
+    monkeypatch.setattr(range_reader.probe, "filter_value_at", lost_once)
+    assert rows(options(amqp_url, s, filter="a"), StreamRange(s, 0, len(values))) == expected(values, {"a"})
+    assert calls == [len(values) - 1, len(values) - 1]
