@@ -22,7 +22,9 @@ from .raw import StreamClient
 FILTER = "x-stream-filter-value"
 
 
-def _burst(url: str, q: str, values: list[str | None]) -> None:
+def burst(url: str, q: str, values: list[str | None]) -> None:
+    """One confirmed write (a chunk, or a few, of its own) of messages with these filter values (None: none);
+    their bodies are the values ('-' for none)."""
     raw = StreamClient(url)
     try:
         raw.publish_burst(q, [(v or "-").encode() for v in values], [None if v is None else {FILTER: v} for v in values])
@@ -37,7 +39,7 @@ def _stream(url: str, q: str) -> list[str | None]:
     conn.close()
     chunks: list[list[str | None]] = [["a", "b"] * 50, ["c"] * 50, [None] * 20 + ["b"] * 20, ["a"], ["c"]]
     for values in chunks:
-        _burst(url, q, values)
+        burst(url, q, values)
     return [v for values in chunks for v in values]
 
 
@@ -91,8 +93,8 @@ def test_the_embedded_filter_lets_false_positives_through(embedded) -> None:  # 
     conn = connect(url)
     conn.channel().queue_declare(q, durable=True, arguments={"x-queue-type": "stream"})
     conn.close()
-    _burst(url, q, picked)
-    _burst(url, q, [wanted])
+    burst(url, q, picked)
+    burst(url, q, [wanted])
     got = _read(url, q, len(picked), **{"x-stream-filter": wanted})
     assert got == list(range(len(picked) + 1))
 

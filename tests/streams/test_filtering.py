@@ -14,24 +14,13 @@ from spark_amqp.streams import range_reader
 from spark_amqp.streams.batch import StreamBatchReader
 from spark_amqp.streams.ranges import StreamRange
 
-from ..broker.raw import StreamClient
+from ..broker.test_stream_filter import burst
 from ..brokers import version
 from .test_reading import declare_stream, options, planner, planners, read_range
 
 __all__ = ["planners"]
 
 pytestmark = pytest.mark.streams
-
-FILTER = "x-stream-filter-value"
-
-
-def burst(url: str, stream: str, values: list[str | None]) -> None:
-    """One confirmed write (a chunk, or a few, of its own): bodies are the values ('-' for none)."""
-    raw = StreamClient(url)
-    try:
-        raw.publish_burst(stream, [(v or "-").encode() for v in values], [None if v is None else {FILTER: v} for v in values])
-    finally:
-        raw.close()
 
 
 def make_stream(url: str, name: str) -> list[str | None]:
