@@ -21,14 +21,18 @@ FILTER_BLOCK = 5_000
 BODY = b"x" * 200
 
 
+def _value_index(i: int) -> int:
+    return (i // FILTER_BLOCK) % FILTER_VALUES
+
+
 def filter_value(i: int) -> str:
-    return f"v{(i // FILTER_BLOCK) % FILTER_VALUES}"
+    return f"v{_value_index(i)}"
 
 
 def preload_filtered(url: str, stream: str, count: int) -> float:
     """Seconds to publish ``count`` messages with their filter values (pika async, confirms)."""
     props = [pika.BasicProperties(headers={"x-stream-filter-value": f"v{v}"}) for v in range(FILTER_VALUES)]
-    return pb.publish_async(url, stream, count, BODY, window=2000, properties=lambda i: props[(i // FILTER_BLOCK) % FILTER_VALUES])
+    return pb.publish_async(url, stream, count, BODY, window=2000, properties=lambda i: props[_value_index(i)])
 
 
 def matching(count: int) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 from .message import Message
 
@@ -40,10 +40,8 @@ class ChunkFilter:
 def chunk_filter(records: Iterable[Message]) -> ChunkFilter:
     bloom, unfiltered = 0, False
     for message in records:
-        value = message.headers().get(_HEADER) if _HEADER_BYTES in message.header else None
-        if isinstance(value, bytes | bytearray):
-            value = bytes(value).decode("utf-8", "replace")
-        if isinstance(value, str):
+        value = _text(message.headers().get(_HEADER)) if _HEADER_BYTES in message.header else None
+        if value is not None:
             bloom |= bloom_bits(value)
         else:
             unfiltered = True
@@ -65,11 +63,14 @@ class ConsumerFilter:
 
 def consumer_filter(arguments: dict[str, Any]) -> ConsumerFilter | None:
     value = arguments.get("x-stream-filter")
-    if isinstance(value, bytes | bytearray | str):
-        values = [value]
-    elif isinstance(value, list) and value and all(isinstance(v, bytes | bytearray | str) for v in value):
-        values = list(value)
-    else:
+    texts = [_text(v) for v in value] if isinstance(value, list) and value else [_text(value)]
+    if None in texts:
         return None
-    texts = [bytes(v).decode("utf-8", "replace") if isinstance(v, bytes | bytearray) else v for v in values]
-    return ConsumerFilter(texts, arguments.get("x-stream-match-unfiltered") is True)
+    return ConsumerFilter(cast("list[str]", texts), arguments.get("x-stream-match-unfiltered") is True)
+
+
+def _text(value: Any) -> str | None:
+    """A string or a long string's bytes as text; None for anything else."""
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "replace")
+    return value if isinstance(value, str) else None

@@ -29,6 +29,7 @@ from ..errors import AmqpOptionError
 from ..options import MAX_MESSAGE_SIZE_3X, MAX_MESSAGE_SIZE_4X, SinkOptions
 from ..property_columns import INT_PROPERTIES as INT_PROPERTY_COLUMNS
 from ..property_columns import STRING_PROPERTIES as STRING_PROPERTY_COLUMNS
+from ..streams.filtering import FILTER_VALUE_HEADER
 from .routing import partition_of
 
 SOURCE_ONLY_COLUMNS = ("queue", "delivery_tag", "redelivered", "raw_header", "offset")
@@ -236,7 +237,6 @@ class MessageBuilder:
 
 
 PROPERTY_COLUMNS = (*STRING_PROPERTY_COLUMNS, *INT_PROPERTY_COLUMNS, "timestamp", "headers")
-FILTER_VALUE_HEADER = "x-stream-filter-value"
 
 
 def _with_filter_value(headers: Any, value: str) -> list[tuple[str, Any]]:

@@ -35,6 +35,7 @@ from .. import framing
 from ..client import AmqpClient
 from ..client.properties import LazyProperties
 from ..reading.stream_consumers import consume, not_a_stream, stream_offset
+from .filtering import FILTER_VALUE_HEADER
 
 __all__ = ["EMPTY_WAIT", "filter_value_at", "head", "message_at", "offset_at", "tail"]
 
@@ -68,7 +69,7 @@ async def filter_value_at(client: AmqpClient, stream: str, offset: int) -> tuple
     seen = await _probe(client, stream, offset, 1, to_the_end=False)
     if seen.first is None or seen.first_props is None:
         return None
-    return seen.first[0], seen.first_props.text_header("x-stream-filter-value")
+    return seen.first[0], seen.first_props.text_header(FILTER_VALUE_HEADER)
 
 
 async def offset_at(client: AmqpClient, stream: str, epoch_ms: int) -> int | None:

@@ -102,11 +102,11 @@ class _RangeReader:
                 self.arrived.clear()
                 if self.failure is None and not self.done and len(self.rows) < limit:
                     # The planner saw these offsets in the stream: a silent broker is a fault, not an end.
-                    await asyncio.wait_for(self.arrived.wait(), FILTER_IDLE if self.broker_filter and not self.widened else timeout)
+                    await asyncio.wait_for(self.arrived.wait(), FILTER_IDLE if self._may_widen else timeout)
                 if self.failure is not None:
                     raise self.failure
             except asyncio.TimeoutError:
-                if self.broker_filter and not self.widened:
+                if self._may_widen:
                     self.widen_due = True
                     continue
                 await self._silent(timeout)
@@ -127,6 +127,7 @@ class _RangeReader:
 
     async def _connect(self) -> None:
         self.client = await AmqpClient.connect(self.options.connection, f"spark-amqp stream reader {self.part.stream}")
+        await filtering.require(self.client, self.options)
 
     async def _subscribe(self) -> None:
         assert self.client is not None
@@ -134,9 +135,13 @@ class _RangeReader:
         self.failure, self.unacked = None, 0
         channel.on_delivery = self._on_delivery
         channel.closed.add_done_callback(self._on_closed)
-        await filtering.require(self.client, self.options)
         tag = f"spark-amqp-range-{next(_tags)}"
         await stream_consumers.consume(channel, self.part.stream, tag, self.next_offset, self.credit, self.broker_filter)
+
+    @property
+    def _may_widen(self) -> bool:
+        """Whether silence means 'the broker skipped to the end' (see FILTER_IDLE) rather than a fault."""
+        return bool(self.broker_filter) and not self.widened
 
     async def _widen_filter(self) -> None:
         """From the first offset not yet read, also ask the broker for the value of the range's last message
