@@ -5,8 +5,8 @@ broker keeps a Bloom filter of those values per chunk and sends a consumer with
 ``x-stream-filter`` only the chunks that may hold one of its values (with
 ``x-stream-match-unfiltered``, also those holding a message without a value).
 Measured on RabbitMQ 4.0.5 and 4.3.6 over AMQP 0-9-1: a chunk that matches
-comes whole, other values included, and a Bloom filter lets some chunks through
-that match nothing. So the broker only saves work; each row is checked here
+comes whole, other values included; and a Bloom filter may let a chunk through
+that matches nothing (not seen with the values tested). So the broker only saves work; each row is checked here
 too, which makes the result exact. RabbitMQ 3.10 ignores the arguments and
 sends everything, which is why ``filter`` is refused below 3.13 (the rows would
 still be right, but a user asking for broker-side filtering would not get it).
