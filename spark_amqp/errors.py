@@ -37,6 +37,7 @@ __all__ = [
     "PreconditionFailed",
     "ResourceLocked",
     "StreamInQueueMode",
+    "StreamResponseError",
     "is_transient",
     "method_name",
     "reply_error",
@@ -243,6 +244,50 @@ class InternalError(AmqpReplyError):
     @property
     def transient(self) -> bool:
         return self.deprecated_feature is None
+
+
+class StreamResponseError(AmqpProtocolError):
+    """A stream-protocol request the broker answered with a response code other than OK.
+
+    The stream protocol's codes (its PROTOCOL.adoc) are its own, not AMQP reply codes;
+    ``STREAM_CODES`` names each and says which are worth a retry.
+    """
+
+    def __init__(self, code: int, about: str) -> None:
+        name, self._retry = STREAM_CODES.get(code, (f"response code {code:#04x}", False))
+        super().__init__(f"{about}: {name} ({code:#04x})")
+        self.code = code
+        self.name = name
+
+    @property
+    def transient(self) -> bool:
+        return self._retry
+
+
+# The stream protocol's response codes: (name, whether retrying may work). A stream that is
+# "not available" has no leader for now (an election, a restart); the rest stay as they are.
+STREAM_CODES: MappingProxyType[int, tuple[str, bool]] = MappingProxyType(
+    {
+        0x02: ("stream does not exist", False),
+        0x03: ("subscription id already exists", False),
+        0x04: ("subscription id does not exist", False),
+        0x05: ("stream already exists", False),
+        0x06: ("stream not available", True),
+        0x07: ("SASL mechanism not supported", False),
+        0x08: ("authentication failure", False),
+        0x09: ("SASL error", False),
+        0x0A: ("SASL challenge", False),
+        0x0B: ("SASL authentication failure loopback", False),
+        0x0C: ("virtual host access failure", False),
+        0x0D: ("unknown frame", False),
+        0x0E: ("frame too large", False),
+        0x0F: ("internal error", True),
+        0x10: ("access refused", False),
+        0x11: ("precondition failed", False),
+        0x12: ("publisher does not exist", False),
+        0x13: ("no offset", False),
+    }
+)
 
 
 REPLY_CODES: MappingProxyType[int, type[AmqpReplyError]] = MappingProxyType(

@@ -58,11 +58,12 @@ class ConnectionOptions:
     tls: TlsOptions | None
     heartbeat: int
     connection_timeout: float
+    stream_protocol: bool = False  # rabbitmq-stream://: RabbitMQ's stream protocol, not AMQP 0-9-1
 
     @property
     def display_uri(self) -> str:
         """The broker address for logs and errors: never the password."""
-        scheme = "amqps" if self.tls else "amqp"
+        scheme = ("rabbitmq-stream" if self.stream_protocol else "amqp") + (("+tls" if self.stream_protocol else "s") if self.tls else "")
         vhost = urllib.parse.quote(self.vhost, safe="")
         return f"{scheme}://{self.username}@{self.host}:{self.port}/{vhost}"
 
@@ -134,7 +135,12 @@ SINK_KEYS = CONNECTION_KEYS | {
 }
 
 
-def parse_connection(r: OptionReader) -> ConnectionOptions:
+STREAM_SCHEMES = ("rabbitmq-stream", "rabbitmq-stream+tls")
+_DEFAULT_PORTS = {"amqp": 5672, "amqps": 5671, "rabbitmq-stream": 5552, "rabbitmq-stream+tls": 5551}
+
+
+def parse_connection(r: OptionReader, stream_protocol: bool = False) -> ConnectionOptions:
+    """The connection options; ``stream_protocol``: the caller also takes rabbitmq-stream:// uris."""
     uri = r.required("uri", "the broker address, e.g. amqp://user@host:5672/vhost (put the password in option 'password')").strip()
     scheme, userinfo, address = split_uri(uri)
     shown = redact_uri(uri)
@@ -145,10 +151,16 @@ def parse_connection(r: OptionReader) -> ConnectionOptions:
             "the password as %40 (or pass it in option 'password') and '@' in the vhost as %40, e.g. "
             "amqp://team%2Fetl@rabbit/prod with option 'password'"
         )
-    if scheme not in ("amqp", "amqps"):
-        raise AmqpOptionError(f"option 'uri' must start with amqp:// or amqps://, got {shown}")
+    if scheme in STREAM_SCHEMES and not stream_protocol:
+        raise AmqpOptionError(
+            f"option 'uri' is a stream-protocol uri ({shown}), which only stream mode (option 'stream' or 'superStream') "
+            "reads; use amqp:// or amqps:// here"
+        )
+    if scheme not in ("amqp", "amqps", *(STREAM_SCHEMES if stream_protocol else ())):
+        also = ", amqps://, rabbitmq-stream:// or rabbitmq-stream+tls://" if stream_protocol else " or amqps://"
+        raise AmqpOptionError(f"option 'uri' must start with amqp://{also}, got {shown}")
     try:
-        parts = urllib.parse.urlsplit(f"{scheme}://{address}")
+        parts = urllib.parse.urlsplit(f"amqp://{address}")
         port = parts.port
     except ValueError as err:
         raise AmqpOptionError(f"option 'uri' is not a valid AMQP URI ({err}): {shown}") from None
@@ -167,7 +179,7 @@ def parse_connection(r: OptionReader) -> ConnectionOptions:
         password = urllib.parse.unquote(uri_password) if has_password else "guest"
     tls_keys = ("tls.caFile", "tls.certFile", "tls.keyFile", "tls.checkHostname")
     tls: TlsOptions | None = None
-    if scheme == "amqps":
+    if scheme in ("amqps", "rabbitmq-stream+tls"):
         tls = TlsOptions(
             r.readable_file("tls.caFile"),
             r.readable_file("tls.certFile"),
@@ -177,18 +189,19 @@ def parse_connection(r: OptionReader) -> ConnectionOptions:
         if (tls.cert_file is None) != (tls.key_file is None):
             raise AmqpOptionError("options 'tls.certFile' and 'tls.keyFile' go together: give both or neither")
     elif any(r.text(k) is not None for k in tls_keys):
-        raise AmqpOptionError("tls.* options need an amqps:// uri")
+        raise AmqpOptionError("tls.* options need an amqps:// (or rabbitmq-stream+tls://) uri")
     heartbeat = r.integer("heartbeat", 60, 0, MAX_SECONDS_HEARTBEAT)
     assert heartbeat is not None
     return ConnectionOptions(
         host=parts.hostname,
-        port=port or (5671 if tls else 5672),
+        port=port or _DEFAULT_PORTS[scheme],
         vhost=vhost,
         username=username,
         password=password,
         tls=tls,
         heartbeat=heartbeat,
         connection_timeout=r.number("connectionTimeout", 30.0, 0.1, MAX_SECONDS_WAIT),
+        stream_protocol=scheme in STREAM_SCHEMES,
     )
 
 

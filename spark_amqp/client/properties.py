@@ -276,6 +276,11 @@ class LazyProperties:
             self._values = values
         return values
 
+    @property
+    def shared_key(self) -> bytes:
+        """The encoded properties alone: equal keys, equal property columns (class, weight and body size left out)."""
+        return self.header[12:]
+
     def arrow_row(self) -> tuple[Any, ...]:
         """The values of the source's property columns in schema order, then ``raw_header``."""
         if self.header[12:14] == b"\x00\x00":

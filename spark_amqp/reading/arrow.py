@@ -129,11 +129,11 @@ def _property_arrays(props: Sequence[Any]) -> list[pa.Array]:
 
 def _shared_properties(props: Sequence[Any]) -> tuple[Any, ...] | None:
     """The property values of every message, when all have the same encoded properties; else None."""
-    if not props or not hasattr(props[0], "arrow_row"):
+    if not props or not hasattr(props[0], "shared_key"):
         return None
-    first = props[0].header[12:]  # the property flags and values, after class, weight and body size
+    first = props[0].shared_key
     for p in props:
-        if p.header[12:] != first:
+        if p.shared_key != first:
             return None
     values = tuple(props[0].arrow_row())
     return values if values[-1] is None else None  # an undecodable header is kept per message, body size and all

@@ -1,0 +1,211 @@
+"""Stream records to the source's rows: the same columns, with the same values, as an AMQP 0-9-1 read.
+
+RabbitMQ stores every message in a stream as AMQP 1.0 and converts it back when an AMQP 0-9-1
+consumer reads it. A row read over the stream protocol must equal the row the 0-9-1 reader
+makes of the same offset, so this module applies RabbitMQ's conversion, measured on each
+version (``Conversion``; README, "Streams over the stream protocol"):
+
+- exchange and routing key from the ``x-exchange`` / ``x-routing-key`` annotations (the
+  stream's name and ``""`` when absent, as RabbitMQ shows a message published there directly);
+- the AMQP 1.0 properties to the 0-9-1 ones of the same name; ``creation-time`` (ms) to
+  ``timestamp`` (s); the header's ``durable``, ``priority`` and ``ttl`` to ``delivery_mode``,
+  ``priority`` and ``expiration``;
+- application properties to ``headers``; on 4.x, annotations other than routing ones too.
+
+What differs by version: 3.x keeps 0-9-1 properties that AMQP 1.0 lacks as ``x-basic-*``
+annotations and application properties; 4.x keeps ``type`` as an ``x-basic-type``
+annotation and ``app_id`` as ``group-id``. 4.0 reads a message without a header section as
+persistent; 4.3 gives it no delivery mode, and writes ``reply_to`` as a ``/queues/<name>``
+address, which it converts back.
+
+A record that is not AMQP 1.0 (rstream's binary mode) becomes its bytes as ``body`` and
+nulls elsewhere: RabbitMQ cannot convert it for AMQP 0-9-1 at all (541).
+"""
+
+from __future__ import annotations
+
+import datetime
+import struct
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any
+
+from . import amqp10
+from .amqp10_types import Described, Opaque, Timestamp, decode
+
+__all__ = ["Conversion", "StreamProperties", "split", "to_row"]
+
+_NONE = (None,) * 14
+_I = struct.Struct(">I")
+_ROUTING = ("x-exchange", "x-routing-key")
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """How the broker the records came from converts AMQP 1.0 to 0-9-1, by its (major, minor)."""
+
+    legacy: bool  # 3.x: x-basic-* annotations and application properties
+    headerless_durable: bool  # 4.0-4.2: no header section reads as delivery_mode 2
+    address_reply_to: bool  # 4.3+: reply_to as a /queues/<name> address
+
+    @classmethod
+    def of(cls, version: tuple[int, int] | None) -> Conversion:
+        v = version or (4, 3)
+        return cls(legacy=v < (4, 0), headerless_durable=(4, 0) <= v < (4, 3), address_reply_to=v >= (4, 3))
+
+
+def split(record: bytes) -> tuple[int, bytes | None]:
+    """Where the body's data section starts, and the body, without decoding the other sections.
+
+    ``(len(record), None)`` when the message has no single data section last (several data
+    sections, an amqp-value body): then ``amqp10.sections`` decodes it whole.
+    """
+    pos = 0
+    n = len(record)
+    try:
+        while pos < n:
+            if record[pos] != 0x00 or record[pos + 1] != 0x53:
+                return n, None
+            code = record[pos + 2]
+            kind = record[pos + 3]
+            at = pos + 4
+            if kind in (0xA0, 0xB0):  # binary: a data section (or a binary amqp-value)
+                size, head = (record[at], 1) if kind == 0xA0 else (_I.unpack_from(record, at)[0], 4)
+                end = at + head + size
+                if code == amqp10.DATA and end == n:
+                    return pos, record[at + head : end]
+                pos = end
+            elif kind in (0xC0, 0xC1):
+                pos = at + 1 + record[at]
+            elif kind in (0xD0, 0xD1):
+                pos = at + 4 + _I.unpack_from(record, at)[0]
+            elif kind == 0x45:
+                pos = at
+            else:
+                return n, None
+    except (IndexError, struct.error):
+        return n, None
+    return n, None
+
+
+class StreamProperties:
+    """One record's property columns, decoded only when asked for (``arrow.to_stream_batch``)."""
+
+    __slots__ = ("conversion", "prefix", "stream")
+
+    def __init__(self, prefix: bytes, stream: str, conversion: Conversion) -> None:
+        self.prefix = prefix
+        self.stream = stream
+        self.conversion = conversion
+
+    @property
+    def shared_key(self) -> bytes:
+        return self.prefix
+
+    def arrow_row(self) -> tuple[Any, ...]:
+        if not self.prefix:
+            return _NONE
+        return _columns(amqp10.sections(self.prefix), self.conversion)
+
+
+def to_row(record: bytes, offset: int, stream: str, conversion: Conversion) -> tuple[bytes, str, str, str, int, Any]:
+    """(body, stream, exchange, routing key, offset, properties): the tuple ``arrow.to_stream_batch`` takes."""
+    if not amqp10.is_amqp10(record):
+        return (record, stream, None, None, offset, StreamProperties(b"", stream, conversion))  # type: ignore[return-value]
+    start, body = split(record)
+    if body is None:  # several data sections, or an amqp-value body: decode it whole
+        parts = amqp10.sections(record)
+        body = parts.body if parts.body is not None else _value_body(parts.value)
+        start = _prefix_end(record)
+    prefix = record[:start]
+    exchange, key = "", stream
+    if prefix:
+        exchange, key = _routing(prefix, stream)
+    return (body, stream, exchange, key, offset, StreamProperties(prefix, stream, conversion))
+
+
+def _prefix_end(record: bytes) -> int:
+    """The end of the sections before the first body section."""
+    pos = 0
+    while pos < len(record):
+        if record[pos + 2] in (amqp10.DATA, amqp10.AMQP_VALUE, amqp10.AMQP_SEQUENCE):
+            return pos
+        _, pos = decode(record, pos)
+    return pos
+
+
+def _value_body(value: Any) -> bytes:
+    """An amqp-value body as bytes: text as UTF-8, binary as it is, other values as their text."""
+    if isinstance(value, bytes):
+        return value
+    if value is None:
+        return b""
+    return str(value).encode("utf-8")
+
+
+def _routing(prefix: bytes, stream: str) -> tuple[str, str]:
+    if b"x-routing-key" not in prefix and b"x-exchange" not in prefix:
+        return "", stream
+    annotations = amqp10.sections(prefix).annotations
+    return str(annotations.get("x-exchange") or ""), str(annotations.get("x-routing-key", stream))
+
+
+def _columns(parts: amqp10.Sections, conv: Conversion) -> tuple[Any, ...]:
+    p = parts.property
+    ann = parts.annotations
+    apps = dict(parts.application_properties)
+    header = parts.header + [None] * (3 - len(parts.header))
+    if conv.legacy:
+        msg_type = apps.pop("x-basic-type", None)
+        app_id = apps.pop("x-basic-app-id", None)
+        priority = ann.get("x-basic-priority")
+        mode = ann.get("x-basic-delivery-mode")
+        expiration = ann.get("x-basic-expiration")
+        headers = apps
+    else:
+        msg_type = ann.get("x-basic-type")
+        app_id = p(10)
+        priority = header[1]
+        durable = header[0] if parts.header else (True if conv.headerless_durable else None)
+        mode = None if durable is None else 2 if durable else 1
+        expiration = None if header[2] is None else str(header[2])
+        headers = {str(k): v for k, v in ann.items() if k not in _ROUTING and not str(k).startswith("x-basic-")}
+        headers.update(apps)
+    reply_to = p(4)
+    if conv.address_reply_to and isinstance(reply_to, str) and reply_to.startswith("/queues/"):
+        reply_to = urllib.parse.unquote(reply_to[len("/queues/") :])
+    created = p(9)
+    return (
+        _text(p(0)),  # message_id
+        _text(p(5)),  # correlation_id
+        _text(p(6)),  # content_type
+        _text(p(7)),  # content_encoding
+        _text(msg_type),
+        _text(app_id),
+        _text(p(1)),  # user_id
+        _text(reply_to),
+        _text(expiration),
+        priority,
+        mode,
+        None if created is None else int(created) // 1000,
+        {str(k): _header_value(v) for k, v in headers.items()} if headers or parts.application_properties else None,
+        None,
+    )
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def _header_value(value: Any) -> Any:
+    if isinstance(value, Timestamp):
+        return datetime.datetime.fromtimestamp(int(value) // 1000, datetime.timezone.utc)
+    if isinstance(value, Opaque):
+        return value.data
+    if isinstance(value, Described):
+        return _header_value(value.value)
+    return value
