@@ -189,7 +189,7 @@ def parse_connection(r: OptionReader, stream_protocol: bool = False) -> Connecti
         if (tls.cert_file is None) != (tls.key_file is None):
             raise AmqpOptionError("options 'tls.certFile' and 'tls.keyFile' go together: give both or neither")
     elif any(r.text(k) is not None for k in tls_keys):
-        raise AmqpOptionError("tls.* options need an amqps:// (or rabbitmq-stream+tls://) uri")
+        raise AmqpOptionError("tls.* options need an amqps:// uri (or rabbitmq-stream+tls://)")
     heartbeat = r.integer("heartbeat", 60, 0, MAX_SECONDS_HEARTBEAT)
     assert heartbeat is not None
     return ConnectionOptions(

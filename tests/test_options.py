@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from spark_amqp.errors import AmqpOptionError
+from spark_amqp.option_reader import OptionReader
+from spark_amqp.options import parse_connection
 from spark_amqp.queues.options import parse_source_options
 
 BASE = {"uri": "amqp://alice:s3cret-pw@rabbit.example:5673/prod", "queue": "orders"}
@@ -70,12 +72,28 @@ def test_bad_options(extra: dict[str, str], fragment: str) -> None:
         ("amqp://alice:s3cret-pw@/vhost", "has no host"),
         ("amqp://alice:s3cret-pw@host/v?heartbeat=5", "must not carry query parameters"),
         ("", "option 'uri' is required"),
+        ("rabbitmq-stream://alice:s3cret-pw@host/", "a stream-protocol uri (rabbitmq-stream://alice:***@host/), which only stream mode"),
     ],
 )
 def test_malformed_uris_name_the_option_and_hide_the_password(uri: str, fragment: str) -> None:
     with pytest.raises(AmqpOptionError) as info:
         parse_source_options({"uri": uri, "queue": "q"})
     assert fragment in str(info.value) and "s3cret-pw" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("uri", "port", "tls", "shown"),
+    [
+        ("rabbitmq-stream://alice@host/v", 5552, False, "rabbitmq-stream://alice@host:5552/v"),
+        ("rabbitmq-stream+tls://alice@host:6000/", 6000, True, "rabbitmq-stream+tls://alice@host:6000/%2F"),
+        ("amqps://alice@host/", 5671, True, "amqps://alice@host:5671/%2F"),
+    ],
+)
+def test_stream_protocol_uris_where_they_are_taken(uri: str, port: int, tls: bool, shown: str) -> None:
+    known = {"uri": "uri", "password": "password"}
+    c = parse_connection(OptionReader({"uri": uri, "password": "s3cret-pw"}, known), stream_protocol=True)
+    assert (c.port, c.tls is not None, c.stream_protocol == uri.startswith("rabbitmq"), c.display_uri) == (port, tls, True, shown)
+    assert "s3cret-pw" not in repr(c)
 
 
 def test_missing_queue_option() -> None:
