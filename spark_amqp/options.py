@@ -152,10 +152,7 @@ def parse_connection(r: OptionReader, stream_protocol: bool = False) -> Connecti
             "amqp://team%2Fetl@rabbit/prod with option 'password'"
         )
     if scheme in STREAM_SCHEMES and not stream_protocol:
-        raise AmqpOptionError(
-            f"option 'uri' is a stream-protocol uri ({shown}), which only stream mode (option 'stream' or 'superStream') "
-            "reads; use amqp:// or amqps:// here"
-        )
+        raise AmqpOptionError(f"option 'uri' is a stream-protocol uri ({shown}), which is not taken here: give an amqp:// or amqps:// uri")
     if scheme not in ("amqp", "amqps", *(STREAM_SCHEMES if stream_protocol else ())):
         also = ", amqps://, rabbitmq-stream:// or rabbitmq-stream+tls://" if stream_protocol else " or amqps://"
         raise AmqpOptionError(f"option 'uri' must start with amqp://{also}, got {shown}")

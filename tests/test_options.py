@@ -72,7 +72,7 @@ def test_bad_options(extra: dict[str, str], fragment: str) -> None:
         ("amqp://alice:s3cret-pw@/vhost", "has no host"),
         ("amqp://alice:s3cret-pw@host/v?heartbeat=5", "must not carry query parameters"),
         ("", "option 'uri' is required"),
-        ("rabbitmq-stream://alice:s3cret-pw@host/", "a stream-protocol uri (rabbitmq-stream://alice:***@host/), which only stream mode"),
+        ("rabbitmq-stream://alice:s3cret-pw@host/", "a stream-protocol uri (rabbitmq-stream://alice:***@host/), which is not taken here"),
     ],
 )
 def test_malformed_uris_name_the_option_and_hide_the_password(uri: str, fragment: str) -> None:
