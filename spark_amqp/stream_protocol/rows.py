@@ -62,6 +62,7 @@ def split(record: bytes) -> tuple[int, bytes | None]:
     """
     pos = 0
     n = len(record)
+    bodies = 0  # body sections before the one at hand
     try:
         while pos < n:
             if record[pos] != 0x00 or record[pos + 1] != 0x53:
@@ -72,8 +73,9 @@ def split(record: bytes) -> tuple[int, bytes | None]:
             if kind in (0xA0, 0xB0):  # binary: a data section (or a binary amqp-value)
                 size, head = (record[at], 1) if kind == 0xA0 else (_I.unpack_from(record, at)[0], 4)
                 end = at + head + size
-                if code == amqp10.DATA and end == n:
+                if code == amqp10.DATA and end == n and not bodies:
                     return pos, record[at + head : end]
+                bodies += code in (amqp10.DATA, amqp10.AMQP_VALUE)
                 pos = end
             elif kind in (0xC0, 0xC1):
                 pos = at + 1 + record[at]
@@ -89,29 +91,32 @@ def split(record: bytes) -> tuple[int, bytes | None]:
 
 
 class StreamProperties:
-    """One record's property columns, decoded only when asked for (``arrow.to_stream_batch``)."""
+    """One record's property columns, decoded only when asked for (``arrow.to_stream_batch``).
 
-    __slots__ = ("conversion", "prefix", "stream")
+    ``prefix`` holds the sections before the body; ``None`` marks a record that is not AMQP 1.0.
+    """
 
-    def __init__(self, prefix: bytes, stream: str, conversion: Conversion) -> None:
+    __slots__ = ("conversion", "prefix")
+
+    def __init__(self, prefix: bytes | None, conversion: Conversion) -> None:
         self.prefix = prefix
-        self.stream = stream
         self.conversion = conversion
 
     @property
     def shared_key(self) -> bytes:
-        return self.prefix
+        return b"-" if self.prefix is None else self.prefix  # a prefix starts with 0x00: never "-"
 
     def arrow_row(self) -> tuple[Any, ...]:
-        if not self.prefix:
+        if self.prefix is None:
             return _NONE
+        # Even no sections at all convert to something: 4.0 reads a message without a header as persistent.
         return _columns(amqp10.sections(self.prefix), self.conversion)
 
 
 def to_row(record: bytes, offset: int, stream: str, conversion: Conversion) -> tuple[bytes, str, str, str, int, Any]:
     """(body, stream, exchange, routing key, offset, properties): the tuple ``arrow.to_stream_batch`` takes."""
     if not amqp10.is_amqp10(record):
-        return (record, stream, None, None, offset, StreamProperties(b"", stream, conversion))  # type: ignore[return-value]
+        return (record, stream, None, None, offset, StreamProperties(None, conversion))  # type: ignore[return-value]
     start, body = split(record)
     if body is None:  # several data sections, or an amqp-value body: decode it whole
         parts = amqp10.sections(record)
@@ -121,7 +126,7 @@ def to_row(record: bytes, offset: int, stream: str, conversion: Conversion) -> t
     exchange, key = "", stream
     if prefix:
         exchange, key = _routing(prefix, stream)
-    return (body, stream, exchange, key, offset, StreamProperties(prefix, stream, conversion))
+    return (body, stream, exchange, key, offset, StreamProperties(prefix, conversion))
 
 
 def _prefix_end(record: bytes) -> int:
