@@ -93,6 +93,7 @@ test: $(STAMP) $(JARS_STAMP)
 
 ## RabbitMQ 3.10, 4.0 and 4.3 side by side (and a 4.3 that denies a deprecated feature), installed and
 ## started; then: export AMQP_TEST_BROKERS="$$(tools/rabbitmq urls)" AMQP_TEST_DENYING_URL="$$(tools/rabbitmq url 4.3-deny)"
+## AMQP_TEST_STREAM_BROKERS="$$(tools/rabbitmq stream-urls)" (the same nodes' stream-protocol ports)
 rabbitmq:
 	tools/rabbitmq install
 	tools/rabbitmq start

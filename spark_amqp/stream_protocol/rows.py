@@ -33,7 +33,7 @@ from typing import Any
 from . import amqp10
 from .amqp10_types import Described, Opaque, Timestamp, decode
 
-__all__ = ["Conversion", "StreamProperties", "split", "to_row"]
+__all__ = ["Conversion", "RowMaker", "StreamProperties", "split"]
 
 _NONE = (None,) * 14
 _I = struct.Struct(">I")
@@ -91,42 +91,64 @@ def split(record: bytes) -> tuple[int, bytes | None]:
 
 
 class StreamProperties:
-    """One record's property columns, decoded only when asked for (``arrow.to_stream_batch``).
+    """One record's property columns, as ``arrow.to_stream_batch`` asks for them.
 
-    ``prefix`` holds the sections before the body; ``None`` marks a record that is not AMQP 1.0.
+    ``key`` is the record's sections before its body (``b"-"`` for a record that is not
+    AMQP 1.0, which no prefix can be: a prefix starts with 0x00).
     """
 
-    __slots__ = ("conversion", "prefix")
+    __slots__ = ("columns", "key")
 
-    def __init__(self, prefix: bytes | None, conversion: Conversion) -> None:
-        self.prefix = prefix
-        self.conversion = conversion
+    def __init__(self, key: bytes, columns: tuple[Any, ...]) -> None:
+        self.key = key
+        self.columns = columns
 
     @property
     def shared_key(self) -> bytes:
-        return b"-" if self.prefix is None else self.prefix  # a prefix starts with 0x00: never "-"
+        return self.key
 
     def arrow_row(self) -> tuple[Any, ...]:
-        if self.prefix is None:
-            return _NONE
+        return self.columns
+
+
+_NOT_AMQP10 = StreamProperties(b"-", _NONE)
+
+
+class RowMaker:
+    """Rows of one stream's records. Records whose sections before the body are the same bytes (a
+    publisher that sets the same properties on each message) are decoded once: the last
+    ``CACHE`` distinct ones are kept."""
+
+    CACHE = 1024
+
+    def __init__(self, stream: str, conversion: Conversion) -> None:
+        self.stream = stream
+        self.conversion = conversion
+        self._known: dict[bytes, tuple[str, str, StreamProperties]] = {}
+
+    def row(self, record: bytes, offset: int) -> tuple[bytes, str, str, str, int, Any]:
+        """(body, stream, exchange, routing key, offset, properties): the tuple ``arrow.to_stream_batch`` takes."""
+        if not amqp10.is_amqp10(record):
+            return (record, self.stream, None, None, offset, _NOT_AMQP10)  # type: ignore[return-value]
+        start, body = split(record)
+        if body is None:  # several data sections, or an amqp-value body: decode it whole
+            parts = amqp10.sections(record)
+            body = parts.body if parts.body is not None else _value_body(parts.value)
+            start = _prefix_end(record)
+        prefix = record[:start]
+        known = self._known.get(prefix)
+        if known is None:
+            if len(self._known) >= self.CACHE:
+                self._known.clear()
+            known = self._known[prefix] = self._decode(prefix)
+        return (body, self.stream, known[0], known[1], offset, known[2])
+
+    def _decode(self, prefix: bytes) -> tuple[str, str, StreamProperties]:
+        parts = amqp10.sections(prefix)
+        ann = parts.annotations
         # Even no sections at all convert to something: 4.0 reads a message without a header as persistent.
-        return _columns(amqp10.sections(self.prefix), self.conversion)
-
-
-def to_row(record: bytes, offset: int, stream: str, conversion: Conversion) -> tuple[bytes, str, str, str, int, Any]:
-    """(body, stream, exchange, routing key, offset, properties): the tuple ``arrow.to_stream_batch`` takes."""
-    if not amqp10.is_amqp10(record):
-        return (record, stream, None, None, offset, StreamProperties(None, conversion))  # type: ignore[return-value]
-    start, body = split(record)
-    if body is None:  # several data sections, or an amqp-value body: decode it whole
-        parts = amqp10.sections(record)
-        body = parts.body if parts.body is not None else _value_body(parts.value)
-        start = _prefix_end(record)
-    prefix = record[:start]
-    exchange, key = "", stream
-    if prefix:
-        exchange, key = _routing(prefix, stream)
-    return (body, stream, exchange, key, offset, StreamProperties(prefix, conversion))
+        columns = _columns(parts, self.conversion)
+        return str(ann.get("x-exchange") or ""), str(ann.get("x-routing-key", self.stream)), StreamProperties(prefix, columns)
 
 
 def _prefix_end(record: bytes) -> int:
@@ -146,13 +168,6 @@ def _value_body(value: Any) -> bytes:
     if value is None:
         return b""
     return str(value).encode("utf-8")
-
-
-def _routing(prefix: bytes, stream: str) -> tuple[str, str]:
-    if b"x-routing-key" not in prefix and b"x-exchange" not in prefix:
-        return "", stream
-    annotations = amqp10.sections(prefix).annotations
-    return str(annotations.get("x-exchange") or ""), str(annotations.get("x-routing-key", stream))
 
 
 def _columns(parts: amqp10.Sections, conv: Conversion) -> tuple[Any, ...]:

@@ -20,7 +20,7 @@ from spark_amqp.reading import arrow
 from spark_amqp.stream_protocol import amqp10, chunks
 from spark_amqp.stream_protocol.amqp10_types import Symbol, Timestamp
 from spark_amqp.stream_protocol.client import OffsetSpec, StreamClient
-from spark_amqp.stream_protocol.rows import Conversion, to_row
+from spark_amqp.stream_protocol.rows import Conversion, RowMaker
 from spark_amqp.streams.range_reader import read_range
 from spark_amqp.streams.ranges import StreamRange
 from tests.brokers import version_of
@@ -118,7 +118,8 @@ def test_both_protocols_read_the_same_rows(stream_node: Node, stream_name: str) 
     try:
         server_version, records = asyncio.run(stream_side())
         conversion = Conversion.of(server_version)
-        rows = [to_row(r, o, stream_name, conversion) for o, r in records]
+        maker = RowMaker(stream_name, conversion)
+        rows = [maker.row(r, o) for o, r in records]
         over_stream = pa.Table.from_batches([arrow.to_stream_batch(rows)])
         end = len(records)
         over_amqp = pa.Table.from_batches(list(read_range(options(amqp_url, stream_name), StreamRange(stream_name, 0, end))))
@@ -134,16 +135,16 @@ def test_both_protocols_read_the_same_rows(stream_node: Node, stream_name: str) 
 
 
 def test_a_record_that_is_not_amqp10_is_its_body_and_nulls() -> None:
-    body, stream, exchange, key, offset, props = to_row(b"\x01binary", 7, "s", Conversion.of((4, 3)))
+    body, stream, exchange, key, offset, props = RowMaker("s", Conversion.of((4, 3))).row(b"\x01binary", 7)
     assert (body, stream, exchange, key, offset, props.arrow_row()) == (b"\x01binary", "s", None, None, 7, (None,) * 14)
 
 
 def test_an_amqp_value_body_is_its_text() -> None:
-    row = to_row(b"\x00Sw\xa1\x05value", 0, "s", Conversion.of((4, 3)))
+    row = RowMaker("s", Conversion.of((4, 3))).row(b"\x00Sw\xa1\x05value", 0)
     assert row[0] == b"value" and row[3] == "s"
 
 
 def test_a_uuid_header_only_the_stream_protocol_can_read_renders_as_text() -> None:
     record = amqp10.encode(b"x", application_properties={"u": uuid.UUID(int=1)})
-    batch = arrow.to_stream_batch([to_row(record, 0, "s", Conversion.of((4, 3)))])
+    batch = arrow.to_stream_batch([RowMaker("s", Conversion.of((4, 3))).row(record, 0)])
     assert batch.column("headers").to_pylist() == [[("u", "00000000-0000-0000-0000-000000000001")]]
