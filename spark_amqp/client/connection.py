@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import re
 import ssl
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar, cast
 
 from pamqp import commands
 
@@ -24,7 +25,7 @@ from ..options import ConnectionOptions
 from . import consumer
 from .channel import ClientChannel
 
-__all__ = ["AmqpClient", "tls_context"]
+__all__ = ["AmqpClient", "open_within_timeout", "tls_context"]
 
 C = commands.Connection
 MAX_FRAME = 131072
@@ -69,6 +70,51 @@ def _tls_failure(options: ConnectionOptions, err: ssl.SSLError) -> HandshakeFail
     return HandshakeFailed(f"TLS handshake with {where} failed ({err.reason or err}); is it a TLS port (amqps, usually 5671)?")
 
 
+class _Abortable(Protocol):
+    def abort(self, reason: AmqpProtocolError) -> None: ...
+
+
+P = TypeVar("P", bound=_Abortable)
+
+
+async def open_within_timeout(options: ConnectionOptions, make: Callable[[], P], opened: Callable[[P], Awaitable[None]]) -> P:
+    """A connection made by ``make`` and ready once ``opened`` returns, within ``connectionTimeout``.
+
+    Every way it can fail is one ``AmqpProtocolError``, and a half-open (perhaps logged-in)
+    connection never outlives the attempt. Both clients (AMQP 0-9-1 and the stream protocol) open so.
+    """
+    loop = asyncio.get_running_loop()
+    ctx = tls_context(options)
+    made: list[P] = []
+
+    def factory() -> P:
+        made.append(make())
+        return made[0]
+
+    async def open_connection() -> None:
+        protocol_factory = cast(Callable[[], asyncio.Protocol], factory)  # P is an asyncio.Protocol with abort()
+        await loop.create_connection(protocol_factory, options.host, options.port, ssl=ctx, server_hostname=options.host if ctx else None)
+        await opened(made[0])
+
+    try:
+        await asyncio.wait_for(open_connection(), options.connection_timeout)
+    except asyncio.TimeoutError:
+        err: AmqpProtocolError = ConnectionLost(
+            f"no answer from {options.host}:{options.port} within connectionTimeout={options.connection_timeout:g}s"
+        )
+    except ssl.SSLError as tls_err:
+        err = _tls_failure(options, tls_err)
+    except AmqpProtocolError as protocol_err:
+        err = protocol_err
+    except OSError as os_err:
+        err = ConnectionLost(f"cannot connect to {options.host}:{options.port}: {os_err.strerror or os_err}")
+    else:
+        return made[0]
+    if made:
+        made[0].abort(err)
+    raise err
+
+
 class AmqpClient(asyncio.Protocol):
     """One connection; deliveries are handed to channel callbacks from ``data_received``."""
 
@@ -96,34 +142,7 @@ class AmqpClient(asyncio.Protocol):
     async def connect(cls, options: ConnectionOptions, client_name: str) -> AmqpClient:
         """Connect, log in and open the vhost within ``connectionTimeout``; nothing is left open on failure."""
         loop = asyncio.get_running_loop()
-        ctx = tls_context(options)
-        made: list[AmqpClient] = []
-
-        def factory() -> AmqpClient:
-            made.append(cls(loop, options, client_name))
-            return made[0]
-
-        async def open_connection() -> None:
-            await loop.create_connection(factory, options.host, options.port, ssl=ctx, server_hostname=options.host if ctx else None)
-            await asyncio.shield(made[0]._opened)
-
-        try:
-            await asyncio.wait_for(open_connection(), options.connection_timeout)
-        except asyncio.TimeoutError:
-            err: AmqpProtocolError = ConnectionLost(
-                f"no answer from {options.host}:{options.port} within connectionTimeout={options.connection_timeout:g}s"
-            )
-        except ssl.SSLError as tls_err:
-            err = _tls_failure(options, tls_err)
-        except AmqpProtocolError as protocol_err:
-            err = protocol_err
-        except OSError as os_err:
-            err = ConnectionLost(f"cannot connect to {options.host}:{options.port}: {os_err.strerror or os_err}")
-        else:
-            return made[0]
-        if made:  # a half-open, perhaps logged-in, connection must not outlive the attempt
-            made[0].abort(err)
-        raise err
+        return await open_within_timeout(options, lambda: cls(loop, options, client_name), lambda c: asyncio.shield(c._opened))
 
     # -- asyncio.Protocol ---------------------------------------------------------
 

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import ssl
 import struct
 from collections.abc import Callable
 
-from ..client.connection import _tls_failure, parse_version, tls_context
+from ..client.connection import open_within_timeout, parse_version
 from ..errors import AmqpProtocolError, CallbackFailed, ConnectionLost, HandshakeFailed, StreamResponseError
 from ..options import ConnectionOptions
 from .wire import OK, RESPONSE, Key, Reader, command, frame, map_, string, strings
@@ -78,34 +77,7 @@ class StreamClient(asyncio.Protocol):
     async def connect(cls, options: ConnectionOptions, client_name: str) -> StreamClient:
         """Connect, authenticate, tune and open the vhost within ``connectionTimeout``; nothing stays open on failure."""
         loop = asyncio.get_running_loop()
-        ctx = tls_context(options)
-        made: list[StreamClient] = []
-
-        def factory() -> StreamClient:
-            made.append(cls(loop, options, client_name))
-            return made[0]
-
-        async def open_connection() -> None:
-            await loop.create_connection(factory, options.host, options.port, ssl=ctx, server_hostname=options.host if ctx else None)
-            await made[0]._handshake()
-
-        try:
-            await asyncio.wait_for(open_connection(), options.connection_timeout)
-        except asyncio.TimeoutError:
-            err: AmqpProtocolError = ConnectionLost(
-                f"no answer from {options.host}:{options.port} within connectionTimeout={options.connection_timeout:g}s"
-            )
-        except ssl.SSLError as tls_err:
-            err = _tls_failure(options, tls_err)
-        except AmqpProtocolError as protocol_err:
-            err = protocol_err
-        except OSError as os_err:
-            err = ConnectionLost(f"cannot connect to {options.host}:{options.port}: {os_err.strerror or os_err}")
-        else:
-            return made[0]
-        if made:
-            made[0].abort(err)
-        raise err
+        return await open_within_timeout(options, lambda: cls(loop, options, client_name), lambda c: c._handshake())
 
     async def _handshake(self) -> None:
         props = {"product": "spark-amqp", "connection_name": self.client_name}
