@@ -48,6 +48,10 @@ class TlsOptions:
     check_hostname: bool = True
 
 
+# (stream protocol, TLS) -> the uri scheme that says so
+_SCHEMES = {(False, False): "amqp", (False, True): "amqps", (True, False): "rabbitmq-stream", (True, True): "rabbitmq-stream+tls"}
+
+
 @dataclass(frozen=True)
 class ConnectionOptions:
     host: str
@@ -63,7 +67,7 @@ class ConnectionOptions:
     @property
     def display_uri(self) -> str:
         """The broker address for logs and errors: never the password."""
-        scheme = ("rabbitmq-stream" if self.stream_protocol else "amqp") + (("+tls" if self.stream_protocol else "s") if self.tls else "")
+        scheme = _SCHEMES[(self.stream_protocol, self.tls is not None)]
         vhost = urllib.parse.quote(self.vhost, safe="")
         return f"{scheme}://{self.username}@{self.host}:{self.port}/{vhost}"
 

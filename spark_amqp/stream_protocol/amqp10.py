@@ -66,26 +66,30 @@ class Sections:
     body: bytes | None = None
     value: Any = None  # an amqp-value or amqp-sequence body
 
-    def property(self, index: int) -> Any:
+    def property(self, name: str) -> Any:
+        """A property by its name in ``PROPERTY_NAMES`` (None when the message leaves it out)."""
+        index = _PROPERTY_INDEX[name]
         return self.properties[index] if index < len(self.properties) else None
+
+
+_PROPERTY_INDEX = {name: i for i, name in enumerate(PROPERTY_NAMES)}
+# A section's descriptor may also be its symbolic name.
+_SECTION_NAMES = {
+    "amqp:header:list": HEADER,
+    "amqp:delivery-annotations:map": DELIVERY_ANNOTATIONS,
+    "amqp:message-annotations:map": MESSAGE_ANNOTATIONS,
+    "amqp:properties:list": PROPERTIES,
+    "amqp:application-properties:map": APPLICATION_PROPERTIES,
+    "amqp:data:binary": DATA,
+    "amqp:amqp-sequence:list": AMQP_SEQUENCE,
+    "amqp:amqp-value:*": AMQP_VALUE,
+    "amqp:footer:map": FOOTER,
+}
 
 
 def _descriptor(value: Any) -> int | None:
     """The section code of a described value (a ulong, or its symbolic name's code)."""
-    if isinstance(value, int):
-        return value
-    names = {
-        "amqp:header:list": HEADER,
-        "amqp:delivery-annotations:map": DELIVERY_ANNOTATIONS,
-        "amqp:message-annotations:map": MESSAGE_ANNOTATIONS,
-        "amqp:properties:list": PROPERTIES,
-        "amqp:application-properties:map": APPLICATION_PROPERTIES,
-        "amqp:data:binary": DATA,
-        "amqp:amqp-sequence:list": AMQP_SEQUENCE,
-        "amqp:amqp-value:*": AMQP_VALUE,
-        "amqp:footer:map": FOOTER,
-    }
-    return names.get(str(value))
+    return value if isinstance(value, int) else _SECTION_NAMES.get(str(value))
 
 
 def is_amqp10(record: bytes) -> bool:

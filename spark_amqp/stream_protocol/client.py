@@ -301,14 +301,11 @@ class StreamClient(asyncio.Protocol):
         finally:
             self.subscriptions.pop(sub_id, None)
 
-    async def declare_publisher(
-        self, pub_id: int, reference: str | None, stream: str, on_confirm: ConfirmHandler, on_error: ErrorHandler
-    ) -> None:
+    async def declare_publisher(self, pub_id: int, reference: str, stream: str, on_confirm: ConfirmHandler, on_error: ErrorHandler) -> None:
+        """``reference`` names the producer for deduplication; ``""`` for none (RabbitMQ refuses a null one: unknown frame)."""
         self.publishers[pub_id] = (on_confirm, on_error)
         try:
-            await self.request(
-                Key.DECLARE_PUBLISHER, struct.pack(">B", pub_id) + string(reference or "") + string(stream), f"stream '{stream}'"
-            )
+            await self.request(Key.DECLARE_PUBLISHER, struct.pack(">B", pub_id) + string(reference) + string(stream), f"stream '{stream}'")
         except BaseException:
             self.publishers.pop(pub_id, None)
             raise

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import amqp10
-from .amqp10_types import Described, Opaque, Timestamp, decode
+from .amqp10_types import Described, Opaque, Timestamp
 
 __all__ = ["Conversion", "RowMaker", "StreamProperties", "split"]
 
@@ -54,39 +54,39 @@ class Conversion:
         return cls(legacy=v < (4, 0), headerless_durable=(4, 0) <= v < (4, 3), address_reply_to=v >= (4, 3))
 
 
-def split(record: bytes) -> tuple[int, bytes | None]:
-    """Where the body's data section starts, and the body, without decoding the other sections.
+_BODY_SECTIONS = (amqp10.DATA, amqp10.AMQP_VALUE, amqp10.AMQP_SEQUENCE)
 
-    ``(len(record), None)`` when the message has no single data section last (several data
-    sections, an amqp-value body): then ``amqp10.sections`` decodes it whole.
+
+def split(record: bytes) -> tuple[int, bytes | None]:
+    """Where the first body section starts, and the body when it is one data section, the last: found by the
+    sections' sizes, without decoding them.
+
+    The body is None for several data sections or an amqp-value body (``amqp10.sections`` decodes
+    those whole), and the start is ``len(record)`` when a section before the body is not sized so.
     """
     pos = 0
     n = len(record)
-    bodies = 0  # body sections before the one at hand
     try:
-        while pos < n:
-            if record[pos] != 0x00 or record[pos + 1] != 0x53:
-                return n, None
+        while pos < n and record[pos] == 0x00 and record[pos + 1] == 0x53:
             code = record[pos + 2]
             kind = record[pos + 3]
             at = pos + 4
-            if kind in (0xA0, 0xB0):  # binary: a data section (or a binary amqp-value)
-                size, head = (record[at], 1) if kind == 0xA0 else (_I.unpack_from(record, at)[0], 4)
-                end = at + head + size
-                if code == amqp10.DATA and end == n and not bodies:
-                    return pos, record[at + head : end]
-                bodies += code in (amqp10.DATA, amqp10.AMQP_VALUE)
-                pos = end
-            elif kind in (0xC0, 0xC1):
+            if code in _BODY_SECTIONS:
+                if code == amqp10.DATA and kind in (0xA0, 0xB0):
+                    size, head = (record[at], 1) if kind == 0xA0 else (_I.unpack_from(record, at)[0], 4)
+                    if at + head + size == n:
+                        return pos, record[at + head : n]
+                return pos, None
+            if kind in (0xC0, 0xC1):
                 pos = at + 1 + record[at]
             elif kind in (0xD0, 0xD1):
                 pos = at + 4 + _I.unpack_from(record, at)[0]
-            elif kind == 0x45:
+            elif kind in (0x40, 0x45):  # null, empty list
                 pos = at
             else:
-                return n, None
+                break
     except (IndexError, struct.error):
-        return n, None
+        pass
     return n, None
 
 
@@ -131,34 +131,24 @@ class RowMaker:
         if not amqp10.is_amqp10(record):
             return (record, self.stream, None, None, offset, _NOT_AMQP10)  # type: ignore[return-value]
         start, body = split(record)
+        parts = None
         if body is None:  # several data sections, or an amqp-value body: decode it whole
             parts = amqp10.sections(record)
             body = parts.body if parts.body is not None else _value_body(parts.value)
-            start = _prefix_end(record)
         prefix = record[:start]
         known = self._known.get(prefix)
         if known is None:
             if len(self._known) >= self.CACHE:
                 self._known.clear()
-            known = self._known[prefix] = self._decode(prefix)
+            known = self._known[prefix] = self._decode(prefix, parts or amqp10.sections(prefix))
         return (body, self.stream, known[0], known[1], offset, known[2])
 
-    def _decode(self, prefix: bytes) -> tuple[str, str, StreamProperties]:
-        parts = amqp10.sections(prefix)
+    def _decode(self, prefix: bytes, parts: amqp10.Sections) -> tuple[str, str, StreamProperties]:
+        """The routing and property columns of ``parts``, the sections of ``prefix`` (and perhaps a body)."""
         ann = parts.annotations
         # Even no sections at all convert to something: 4.0 reads a message without a header as persistent.
         columns = _columns(parts, self.conversion)
         return str(ann.get("x-exchange") or ""), str(ann.get("x-routing-key", self.stream)), StreamProperties(prefix, columns)
-
-
-def _prefix_end(record: bytes) -> int:
-    """The end of the sections before the first body section."""
-    pos = 0
-    while pos < len(record):
-        if record[pos + 2] in (amqp10.DATA, amqp10.AMQP_VALUE, amqp10.AMQP_SEQUENCE):
-            return pos
-        _, pos = decode(record, pos)
-    return pos
 
 
 def _value_body(value: Any) -> bytes:
@@ -184,25 +174,25 @@ def _columns(parts: amqp10.Sections, conv: Conversion) -> tuple[Any, ...]:
         headers = apps
     else:
         msg_type = ann.get("x-basic-type")
-        app_id = p(10)
+        app_id = p("group_id")
         priority = header[1]
         durable = header[0] if parts.header else (True if conv.headerless_durable else None)
         mode = None if durable is None else 2 if durable else 1
         expiration = None if header[2] is None else str(header[2])
         headers = {str(k): v for k, v in ann.items() if k not in _ROUTING and not str(k).startswith("x-basic-")}
         headers.update(apps)
-    reply_to = p(4)
+    reply_to = p("reply_to")
     if conv.address_reply_to and isinstance(reply_to, str) and reply_to.startswith("/queues/"):
         reply_to = urllib.parse.unquote(reply_to[len("/queues/") :])
-    created = p(9)
+    created = p("creation_time")
     return (
-        _text(p(0)),  # message_id
-        _text(p(5)),  # correlation_id
-        _text(p(6)),  # content_type
-        _text(p(7)),  # content_encoding
+        _text(p("message_id")),
+        _text(p("correlation_id")),
+        _text(p("content_type")),
+        _text(p("content_encoding")),
         _text(msg_type),
         _text(app_id),
-        _text(p(1)),  # user_id
+        _text(p("user_id")),
         _text(reply_to),
         _text(expiration),
         priority,

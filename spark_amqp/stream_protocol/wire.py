@@ -119,9 +119,6 @@ class Reader:
     def u32(self) -> int:
         return self._take(_U32)
 
-    def i32(self) -> int:
-        return self._take(_I32)
-
     def u64(self) -> int:
         return self._take(_U64)
 
@@ -151,10 +148,6 @@ class Reader:
             raise DecodeError("stream protocol string is null where a value is required")
         return value
 
-    def blob(self) -> bytes | None:
-        n = self._take(_I32)
-        return None if n < 0 else self.raw(n)
-
     def count(self) -> int:
         n = self._take(_I32)
         if n < 0 or n > len(self.data):
@@ -170,11 +163,6 @@ class Reader:
             key = self.text()
             out[key] = self.string() or ""
         return out
-
-    def rest(self) -> bytes:
-        value = bytes(self.data[self.pos :])
-        self.pos = len(self.data)
-        return value
 
     @property
     def at_end(self) -> bool:

@@ -148,3 +148,15 @@ def test_a_uuid_header_only_the_stream_protocol_can_read_renders_as_text() -> No
     record = amqp10.encode(b"x", application_properties={"u": uuid.UUID(int=1)})
     batch = arrow.to_stream_batch([RowMaker("s", Conversion.of((4, 3))).row(record, 0)])
     assert batch.column("headers").to_pylist() == [[("u", "00000000-0000-0000-0000-000000000001")]]
+
+
+def test_a_body_followed_by_a_footer_and_a_null_section_before_it() -> None:
+    """The body is found by the sections' sizes; a footer after it or a null section before it changes nothing."""
+    maker = RowMaker("s", Conversion.of((4, 3)))
+    footer = b"\x00Sx\xc1\x01\x00"  # an empty footer map
+    with_footer = amqp10.encode(b"body", properties=["id-9"]) + footer
+    body, _, exchange, key, _, props = maker.row(with_footer, 0)
+    assert (body, exchange, key, props.arrow_row()[0]) == (b"body", "", "s", "id-9")
+    null_header = b"\x00Sp\x40" + amqp10.encode(b"body", properties=["id-9"])
+    body, _, _, _, _, props = maker.row(null_header, 1)
+    assert (body, props.arrow_row()[0]) == (b"body", "id-9")
