@@ -376,6 +376,8 @@ def explain(err: BaseException, where: str, user: str, vhost: str, subject: str 
         )
     if isinstance(err, NotAllowed):
         return f"{where}: vhost '{vhost}' does not exist or user '{user}' may not use it ({err}); check the vhost at the end of the uri ('%2F' for '/')"
+    if isinstance(err, StreamResponseError):
+        return _explain_stream_code(err, about, where, user, vhost)
     if isinstance(err, NotFound):
         if subject.startswith("stream"):
             return f"{about}: not found ({err}); declare it first as a stream queue (x-queue-type=stream)"
@@ -394,3 +396,19 @@ def explain(err: BaseException, where: str, user: str, vhost: str, subject: str 
     if isinstance(err, AmqpProtocolError):
         return f"{about}: {err}"
     return f"{about}: {type(err).__name__}: {err}"
+
+
+def _explain_stream_code(err: StreamResponseError, about: str, where: str, user: str, vhost: str) -> str:
+    """``explain`` for a stream-protocol response code: the same advice as for the AMQP 0-9-1 reply it matches."""
+    if err.code == 0x02:
+        return (
+            f"{about}: not found ({err}); declare it first as a stream queue (x-queue-type=stream). The stream protocol "
+            "sees streams only: a classic or quorum queue is read with option 'queue' and an amqp:// uri"
+        )
+    if err.code in (0x08, 0x0B):
+        return f"the broker refused the login of user '{user}' on {where} ({err}); check the uri's user and the 'password' option"
+    if err.code == 0x0C:
+        return f"{where}: vhost '{vhost}' does not exist or user '{user}' may not use it ({err}); check the vhost at the end of the uri ('%2F' for '/')"
+    if err.code == 0x10:
+        return f"{about}: user '{user}' is not allowed to do this ({err}); grant the user configure/write/read permissions on vhost '{vhost}'"
+    return f"{about}: the broker refused it ({err})"

@@ -61,6 +61,17 @@ def _parse_real() -> list[RealBroker]:
 
 REAL = _parse_real()
 _BY_URL = {b.url: b for b in REAL}
+# The stream-protocol url of each broker that has one, by its AMQP 0-9-1 url (AMQP_TEST_STREAM_BROKERS names
+# the real nodes as AMQP_TEST_BROKERS does; the embedded brokers add themselves, see note_embedded).
+_STREAM_BY_NAME = dict(item.partition("=")[::2] for item in os.environ.get("AMQP_TEST_STREAM_BROKERS", "").split())
+STREAM_URLS = {b.url: _STREAM_BY_NAME[b.name] for b in REAL if b.name in _STREAM_BY_NAME}
+
+
+def note_embedded(broker: EmbeddedBroker) -> EmbeddedBroker:
+    stream_url = getattr(broker, "stream_url", None)
+    if stream_url:
+        STREAM_URLS[broker.url] = stream_url
+    return broker
 
 
 def version_of(url: str) -> tuple[int, int]:

@@ -33,7 +33,7 @@ _SPARK_PARAMS = {"embedded"} | {p for p, b in _REAL_PARAMS.items() if b is broke
 @pytest.fixture(scope="session")
 def shared_embedded() -> Iterator[EmbeddedBroker]:
     with EmbeddedBroker(heartbeat=60) as broker:
-        yield broker
+        yield brokers.note_embedded(broker)
 
 
 @pytest.fixture(params=["embedded", *_REAL_PARAMS] if _REAL_PARAMS else ["embedded", "rabbitmq"])
@@ -75,7 +75,7 @@ def broker_version(amqp_url: str, embedded_or_none: EmbeddedBroker | None) -> tu
 @pytest.fixture
 def embedded() -> Iterator[EmbeddedBroker]:
     with EmbeddedBroker(consumer_timeout_ms=None) as broker:
-        yield broker
+        yield brokers.note_embedded(broker)
 
 
 @pytest.fixture

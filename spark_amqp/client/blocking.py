@@ -1,4 +1,4 @@
-"""``BlockingClient``: one ``AmqpClient`` on a background event-loop thread, for callers that are not async.
+"""``BlockingClient``: one client connection on a background event-loop thread, for callers that are not async.
 
 Spark's source runner calls the reader synchronously; planning a stream batch
 asks the broker a few short questions. This keeps one connection for them,
@@ -15,12 +15,11 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from ..backoff import Backoff
 from ..errors import AmqpSourceError, BrokerUnreachable, ConnectionLost, explain, is_transient
 from ..options import ConnectionOptions
-from .connection import AmqpClient
 
 __all__ = ["BlockingClient"]
 
@@ -28,15 +27,31 @@ log = logging.getLogger("spark_amqp.client")
 T = TypeVar("T")
 
 
-class BlockingClient:
-    def __init__(self, options: ConnectionOptions, client_name: str) -> None:
+class Connection(Protocol):
+    """What both clients (``AmqpClient``, ``StreamClient``) offer for this."""
+
+    closed: asyncio.Future[Any]
+
+    async def close(self) -> None: ...
+
+    def abort(self, reason: Any) -> None: ...
+
+
+C = TypeVar("C", bound=Connection)
+
+
+class BlockingClient(Generic[C]):
+    """``connect``: how a connection is opened (``AmqpClient.connect`` or ``StreamClient.connect``)."""
+
+    def __init__(self, options: ConnectionOptions, client_name: str, connect: Callable[[ConnectionOptions, str], Awaitable[C]]) -> None:
         self.options = options
         self.client_name = client_name
+        self._connect = connect
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._client: AmqpClient | None = None
+        self._client: C | None = None
 
-    def run(self, call: Callable[[AmqpClient], Awaitable[T]], subject: str, retry_for: float | None = None) -> T:
+    def run(self, call: Callable[[C], Awaitable[T]], subject: str, retry_for: float | None = None) -> T:
         """``call(client)`` on the loop thread; ``subject`` names what is asked about in errors (e.g. "stream 'events'").
         Transient failures are retried for ``retry_for`` seconds (default ``connectionTimeout``; 0: one attempt)."""
         options = self.options
@@ -73,7 +88,7 @@ class BlockingClient:
             self._thread.join(5.0)
         self._loop = self._thread = None
 
-    def _submit(self, call: Callable[[AmqpClient], Awaitable[T]]) -> T:
+    def _submit(self, call: Callable[[C], Awaitable[T]]) -> T:
         loop = self._ensure_loop()
         future = asyncio.run_coroutine_threadsafe(self._with_client(call), loop)
         try:
@@ -83,10 +98,11 @@ class BlockingClient:
             future.cancel()
             raise ConnectionLost(f"no answer within {3 * self.options.connection_timeout + 5.0:g}s") from None
 
-    async def _with_client(self, call: Callable[[AmqpClient], Awaitable[T]]) -> T:
+    async def _with_client(self, call: Callable[[C], Awaitable[T]]) -> T:
         client = self._client
         if client is None or client.closed.done():
-            client = self._client = await AmqpClient.connect(self.options, self.client_name)
+            client = await self._connect(self.options, self.client_name)
+            self._client = client
         return await call(client)
 
     def _drop(self) -> None:

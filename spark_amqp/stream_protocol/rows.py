@@ -110,6 +110,14 @@ class StreamProperties:
     def arrow_row(self) -> tuple[Any, ...]:
         return self.columns
 
+    def text_header(self, key: str) -> str | None:
+        """A header that is text (or bytes taken as UTF-8), as ``LazyProperties.text_header`` reads it."""
+        headers = self.columns[12]
+        value = headers.get(key) if headers else None
+        if isinstance(value, bytes | bytearray):
+            return bytes(value).decode("utf-8", "replace")
+        return value if isinstance(value, str) else None
+
 
 _NOT_AMQP10 = StreamProperties(b"-", _NONE)
 
@@ -181,6 +189,9 @@ def _columns(parts: amqp10.Sections, conv: Conversion) -> tuple[Any, ...]:
         expiration = None if header[2] is None else str(header[2])
         headers = {str(k): v for k, v in ann.items() if k not in _ROUTING and not str(k).startswith("x-basic-")}
         headers.update(apps)
+    # Over AMQP 0-9-1 the broker's own x-stream-offset header replaces a publisher's, and the source cuts it out.
+    headers.pop("x-stream-offset", None)
+    apps.pop("x-stream-offset", None)
     reply_to = p("reply_to")
     if conv.address_reply_to and isinstance(reply_to, str) and reply_to.startswith("/queues/"):
         reply_to = urllib.parse.unquote(reply_to[len("/queues/") :])
@@ -198,7 +209,7 @@ def _columns(parts: amqp10.Sections, conv: Conversion) -> tuple[Any, ...]:
         priority,
         mode,
         None if created is None else int(created) // 1000,
-        {str(k): _header_value(v) for k, v in headers.items()} if headers or parts.application_properties else None,
+        {str(k): _header_value(v) for k, v in headers.items()} if headers or apps else None,
         None,
     )
 

@@ -16,16 +16,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
-from ..client import AmqpClient
 from ..client.blocking import BlockingClient
 from ..errors import AmqpOptionError
-from . import filtering, probe
+from .access import BrokerAccess, access_for
 from .options import At, End, Start, StreamSourceOptions
-from .partitions import partitions_of
 from .range_reader import read_range
 from .ranges import StreamRange, split
 from .reader import StreamRangePartition
@@ -52,16 +51,17 @@ class StreamBatchReader(DataSourceReader):
 
 def resolve_bounds(options: StreamSourceOptions) -> tuple[dict[str, int], dict[str, int]]:
     """Per stream, the first offset to read and the offset to stop before."""
-    client = BlockingClient(options.connection, "spark-amqp stream batch read")
+    access = access_for(options.connection)
+    client: BlockingClient[Any] = BlockingClient(options.connection, "spark-amqp stream batch read", access.connect)
     starts: dict[str, int] = {}
     ends: dict[str, int] = {}
     try:
-        client.run(lambda c: filtering.require(c, options), "option 'filter'")
+        client.run(lambda c: access.require(c, options), "option 'filter'")
         name = options.discover
-        streams = options.streams if name is None else client.run(lambda c: partitions_of(c, name), f"super stream '{name}'")
+        streams = options.streams if name is None else client.run(lambda c: access.partitions_of(c, name), f"super stream '{name}'")
         for stream in streams:
             start, end = options.start_of(stream), options.end_of(stream)
-            latest, start_at, end_at = client.run(_asker(stream, start, end), f"stream '{stream}'")
+            latest, start_at, end_at = client.run(_asker(access, stream, start, end), f"stream '{stream}'")
             starts[stream] = _checked(stream, "startingOffsets", start, start_at, latest)
             ends[stream] = _checked(stream, "endingOffsets", end, end_at, latest)
     finally:
@@ -76,22 +76,22 @@ def resolve_bounds(options: StreamSourceOptions) -> tuple[dict[str, int], dict[s
     return starts, ends
 
 
-def _asker(stream: str, start: Start, end: End) -> Callable[[AmqpClient], Awaitable[tuple[int, int | None, int | None]]]:
-    return lambda client: _ask(client, stream, start, end)
+def _asker(access: BrokerAccess, stream: str, start: Start, end: End) -> Callable[[Any], Awaitable[tuple[int, int | None, int | None]]]:
+    return lambda client: _ask(access, client, stream, start, end)
 
 
-async def _ask(client: AmqpClient, stream: str, start: Start, end: End) -> tuple[int, int | None, int | None]:
+async def _ask(access: BrokerAccess, client: Any, stream: str, start: Start, end: End) -> tuple[int, int | None, int | None]:
     """Where the stream ends, and the offsets the broker gives for a start or end that is a moment or ``first``."""
-    last = await probe.tail(client, stream)
+    last = await access.tail(client, stream)
     latest = 0 if last is None else last[0] + 1
-    return latest, await _lookup(client, stream, start), await _lookup(client, stream, end)
+    return latest, await _lookup(access, client, stream, start), await _lookup(access, client, stream, end)
 
 
-async def _lookup(client: AmqpClient, stream: str, position: Start | End) -> int | None:
+async def _lookup(access: BrokerAccess, client: Any, stream: str, position: Start | End) -> int | None:
     if isinstance(position, At):
-        return await probe.offset_at(client, stream, position.epoch_ms)
+        return await access.offset_at(client, stream, position.epoch_ms)
     if position == "first":
-        return await probe.head(client, stream)
+        return await access.head(client, stream)
     return None
 
 

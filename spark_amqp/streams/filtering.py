@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..client import AmqpClient
 from ..client.properties import LazyProperties
 from ..errors import AmqpSourceError
 from .options import StreamSourceOptions
@@ -38,8 +37,8 @@ def consumer_arguments(options: StreamSourceOptions) -> dict[str, Any]:
     return arguments
 
 
-async def require(client: AmqpClient, options: StreamSourceOptions) -> None:
-    """Refuse option ``filter`` on a broker that cannot serve it. One that does not say its version (not
+async def require(client: Any, options: StreamSourceOptions) -> None:
+    """Refuse option ``filter`` on a broker that cannot serve it (``client``: either protocol's client). One that does not say its version (not
     RabbitMQ) is given the benefit of the doubt: the rows are checked here anyway. (Async, to run where
     the other questions to the broker run.)"""
     version = client.server_version

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 from ..client.blocking import BlockingClient
 from ..errors import AmqpSourceError
-from . import probe
+from .access import BrokerAccess, Watch
 from .offset import StreamOffset, mark_of
-from .tails import TailWatch
 
 __all__ = ["Identities"]
 
@@ -32,8 +32,9 @@ log = logging.getLogger("spark_amqp.streams")
 
 
 class Identities:
-    def __init__(self, client: BlockingClient, tails: TailWatch, fail_on_data_loss: bool) -> None:
+    def __init__(self, client: BlockingClient[Any], access: BrokerAccess, tails: Watch, fail_on_data_loss: bool) -> None:
         self.client = client
+        self.access = access
         self.tails = tails
         self.fail_on_data_loss = fail_on_data_loss
         self._checked: set[tuple[str, int, str]] = set()  # (stream, position, mark) known to hold
@@ -83,7 +84,7 @@ class Identities:
 
     def _body_at(self, stream: str, offset: int, retry_for: float | None) -> bytes | None:
         """The body of the message at exactly ``offset``; None if the stream holds none there now."""
-        found = self.client.run(lambda c: probe.message_at(c, stream, offset), f"stream '{stream}'", retry_for)
+        found = self.client.run(lambda c: self.access.message_at(c, stream, offset), f"stream '{stream}'", retry_for)
         return found[1] if found is not None and found[0] == offset else None
 
     def _declared_again(self, stream: str, position: int) -> None:

@@ -118,7 +118,7 @@ def parse_stream_options(options: Mapping[str, str]) -> StreamSourceOptions:
         if key.lower() in QUEUE_ONLY:
             raise AmqpOptionError(f"option '{key}' does not apply to streams: {QUEUE_ONLY[key.lower()]}")
     r = OptionReader(options, STREAM_KEYS)
-    connection = parse_connection(r)
+    connection = parse_connection(r, stream_protocol=True)  # rabbitmq-stream://: read over the stream protocol
     streams, discover = _streams(r)
     starting = _starting(r, streams, discover)
     ending = _ending(r, streams, discover)

@@ -13,17 +13,14 @@ import time
 from typing import Any
 
 from ..backoff import Backoff
-from ..client import AmqpClient
 from ..client.blocking import BlockingClient
 from ..errors import AmqpOptionError, AmqpSourceError, BrokerUnreachable
 from ..reading.admission import Admission
-from . import filtering, probe
+from .access import access_for
 from .identity import Identities
 from .offset import UNSET, StreamOffset
 from .options import At, StreamSourceOptions
-from .partitions import partitions_of
 from .ranges import StreamRange, limit_ends, split
-from .tails import TailWatch
 
 log = logging.getLogger("spark_amqp.streams")
 
@@ -41,13 +38,14 @@ class StreamPlanner:
             )
         self.options = options
         self.streams = options.streams  # with a super stream found by name: its partitions when last asked
-        self.client = BlockingClient(options.connection, "spark-amqp stream planner")
+        self.access = access_for(options.connection)
+        self.client: BlockingClient[Any] = BlockingClient(options.connection, "spark-amqp stream planner", self.access.connect)
         self.admission = Admission(options.trigger)
         self.available_now: dict[str, int] | None = None
         self._backlog_ends: dict[str, int] | None = None
         self._backlog_at = -BACKLOG_INTERVAL
-        self.tails = TailWatch()
-        self.identities = Identities(self.client, self.tails, options.fail_on_data_loss)
+        self.tails = self.access.tail_watch()
+        self.identities = Identities(self.client, self.access, self.tails, options.fail_on_data_loss)
         self._dropped: set[str] = set()  # streams of the checkpoint no longer read, already reported
         self._known: dict[str, int] | None = None  # the last ends measured
         self._backoff = Backoff()
@@ -216,8 +214,8 @@ class StreamPlanner:
         self._known = found
         return dict(found)
 
-    async def _ends_of(self, client: AmqpClient, streams: tuple[str, ...]) -> dict[str, int]:
-        await filtering.require(client, self.options)  # here, where the user sees it (see __init__)
+    async def _ends_of(self, client: Any, streams: tuple[str, ...]) -> dict[str, int]:
+        await self.access.require(client, self.options)  # here, where the user sees it (see __init__)
         return await self.tails.ends_of(client, streams)
 
     def _fixed_start(self, stream: str, end: int, moving: bool = False) -> int:
@@ -227,7 +225,7 @@ class StreamPlanner:
         first batch fixes it, so that a replay of that batch after a crash starts at the same place."""
         start = self.options.start_of(stream)
         if isinstance(start, At):
-            found = self.client.run(lambda c: probe.offset_at(c, stream, start.epoch_ms), f"stream '{stream}'")
+            found = self.client.run(lambda c: self.access.offset_at(c, stream, start.epoch_ms), f"stream '{stream}'")
             if found is not None:
                 return found
             return end if moving else UNSET
@@ -243,7 +241,7 @@ class StreamPlanner:
         return UNSET
 
     def _head(self, stream: str) -> int:
-        found = self.client.run(lambda c: probe.head(c, stream), f"stream '{stream}'")
+        found = self.client.run(lambda c: self.access.head(c, stream), f"stream '{stream}'")
         return 0 if found is None else found
 
     def _discover(self) -> None:
@@ -251,7 +249,9 @@ class StreamPlanner:
         if name is None:
             return
         # Only the first answer must come within connectionTimeout, as for ends().
-        found = self.client.run(lambda c: partitions_of(c, name), f"super stream '{name}'", None if self._known is None else 0.0)
+        found = self.client.run(
+            lambda c: self.access.partitions_of(c, name), f"super stream '{name}'", None if self._known is None else 0.0
+        )
         if found != self.streams:
             log.info("AMQP source: super stream '%s' has %d partitions: %s", name, len(found), ", ".join(found))
             self.streams = found

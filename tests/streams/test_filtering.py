@@ -5,20 +5,21 @@ on a broker older than 3.13. Every broker."""
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
 
 import pytest
 
 from spark_amqp.errors import AmqpSourceError
-from spark_amqp.streams import range_reader
+from spark_amqp.streams import access, range_base
 from spark_amqp.streams.batch import StreamBatchReader
 from spark_amqp.streams.ranges import StreamRange
 
 from ..broker.test_stream_filter import burst
 from ..brokers import version
-from .test_reading import declare_stream, options, planner, planners, read_range
+from .test_reading import declare_stream, options, planner, planners, read_over, read_range
 
-__all__ = ["planners"]
+__all__ = ["planners", "read_over"]  # read_over: every test here also reads over the stream protocol
 
 pytestmark = pytest.mark.streams
 
@@ -113,11 +114,12 @@ def test_a_failure_to_widen_the_filter_is_retried_like_any_other(amqp_url: str, 
     if version(amqp_url) < (3, 13):
         pytest.skip("filter is refused below RabbitMQ 3.13 (the first test checks how)")
     from spark_amqp.errors import ConnectionLost
-    from spark_amqp.streams import probe
 
     s = names.queue("filtered")
     values = make_stream(amqp_url, s)
-    real, calls = probe.filter_value_at, []
+    opts = options(amqp_url, s, filter="a")
+    found = access.access_for(opts.connection)
+    real, calls = found.filter_value_at, []
 
     async def lost_once(client, stream, offset):  # type: ignore[no-untyped-def]
         calls.append(offset)
@@ -125,6 +127,7 @@ def test_a_failure_to_widen_the_filter_is_retried_like_any_other(amqp_url: str, 
             raise ConnectionLost("cut while asking for the last value")
         return await real(client, stream, offset)
 
-    monkeypatch.setattr(range_reader.probe, "filter_value_at", lost_once)
-    assert rows(options(amqp_url, s, filter="a"), StreamRange(s, 0, len(values))) == expected(values, {"a"})
+    patched = dataclasses.replace(found, filter_value_at=lost_once)
+    monkeypatch.setattr(range_base, "access_for", lambda _: patched)
+    assert rows(opts, StreamRange(s, 0, len(values))) == expected(values, {"a"})
     assert calls == [len(values) - 1, len(values) - 1]

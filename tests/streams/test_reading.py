@@ -1,8 +1,12 @@
 """Stream mode against a broker, without Spark: where streams end and start, exact ranges, refusals,
-retention, super streams and resuming after a dropped connection. Both brokers."""
+retention, super streams and resuming after a dropped connection. Every broker, and each test twice:
+reading over AMQP 0-9-1 and over the stream protocol (``read_over``), with the same expectations:
+stream mode must behave the same whichever protocol the uri names. Tests of what only the AMQP 0-9-1
+reader does are marked ``amqp_only``."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import time
@@ -21,7 +25,7 @@ from spark_amqp.streams.ranges import StreamRange
 
 from ..broker.helpers import wait_for
 from ..broker.raw import StreamClient
-from ..brokers import drop_source_connections
+from ..brokers import STREAM_URLS, drop_source_connections
 
 pytestmark = pytest.mark.streams
 
@@ -55,8 +59,30 @@ def next_second() -> int:
     return boundary
 
 
+_READ_OVER = ["amqp"]
+
+
+@pytest.fixture(autouse=True, params=["amqp", "stream-protocol"])
+def read_over(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The protocol ``options`` reads over: the test's AMQP 0-9-1 url, or the same broker's stream-protocol url."""
+    if request.param == "stream-protocol" and request.node.get_closest_marker("amqp_only"):
+        pytest.skip("what only the AMQP 0-9-1 reader does")
+    _READ_OVER[0] = request.param
+    yield request.param
+    _READ_OVER[0] = "amqp"
+
+
+def reading_url(url: str) -> str:
+    if _READ_OVER[0] == "amqp":
+        return url
+    stream_url = STREAM_URLS.get(url)
+    if stream_url is None:
+        pytest.skip("this broker's stream protocol port is not known (AMQP_TEST_STREAM_BROKERS)")
+    return stream_url
+
+
 def options(url: str, stream: str, **extra: str) -> StreamSourceOptions:
-    return parse_stream_options({"uri": url, "stream": stream, "connectionTimeout": "20", **extra})
+    return parse_stream_options({"uri": reading_url(url), "stream": stream, "connectionTimeout": "20", **extra})
 
 
 def offsets_and_ids(opts: StreamSourceOptions, part: StreamRange, batch_rows: int = 10_000) -> list[tuple[int, str]]:
@@ -236,9 +262,11 @@ def test_a_queue_that_is_not_a_stream_is_refused_before_any_ack(amqp_url: str, n
         ch.basic_publish("", q, b"keep me", pika.BasicProperties(message_id=f"k{i}"))
     opts = options(amqp_url, q)
     started = time.monotonic()
-    with pytest.raises(AmqpSourceError, match=f"queue '{q}' is not a stream queue.*nothing was acknowledged.*option 'queue'"):
+    # The stream protocol sees streams only: there a classic queue is a stream that does not exist.
+    refused = "is not a stream queue.*nothing was acknowledged" if _READ_OVER[0] == "amqp" else "not found.*sees streams only"
+    with pytest.raises(AmqpSourceError, match=f"'{q}'.*{refused}.*option 'queue'"):
         planner(planners, opts).initial_offset()
-    with pytest.raises(AmqpSourceError, match="is not a stream queue"):
+    with pytest.raises(AmqpSourceError, match=refused):
         offsets_and_ids(opts, StreamRange(q, 0, 3))
     assert time.monotonic() - started < 10
     # Every message is still there, and none was even delivered.
@@ -265,7 +293,7 @@ def _truncated_stream(url: str, name: str) -> int:
         while True:
             publish(url, name, published, 100, size=100)
             published += 100
-            first = p.client.run(lambda c: probe.head(c, name), name)
+            first = p.client.run(lambda c: p.access.head(c, name), name)
             if first:
                 return first
             assert published < 5000, "retention never removed anything"
@@ -303,7 +331,7 @@ def test_a_super_stream_reads_its_partitions(amqp_url: str, names, planners) -> 
         names.queues.append(f"{base}-{i}")
         declare_stream(amqp_url, f"{base}-{i}")
         publish(amqp_url, f"{base}-{i}", 100 * i, 10 + i)
-    opts = parse_stream_options({"uri": amqp_url, "superStream": base, "superStreamPartitions": "3"})
+    opts = parse_stream_options({"uri": reading_url(amqp_url), "superStream": base, "superStreamPartitions": "3"})
     p = planner(planners, opts)
     start = p.initial_offset()
     end = p.latest_offset(start.to_json(), None, True)
@@ -312,13 +340,33 @@ def test_a_super_stream_reads_its_partitions(amqp_url: str, names, planners) -> 
     assert ids == sorted(f"m{100 * i + j}" for i in range(3) for j in range(10 + i))
 
 
-def test_a_dropped_connection_resumes_after_the_last_offset_read(amqp_url: str, names, embedded_or_none) -> None:  # type: ignore[no-untyped-def]
+def test_a_dropped_connection_resumes_after_the_last_offset_read(amqp_url: str, names, embedded_or_none, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     s = names.queue("stream")
     declare_stream(amqp_url, s)
     publish(amqp_url, s, 0, 3000)
+    opened: list = []  # type: ignore[type-arg]
+    if _READ_OVER[0] != "amqp":
+        # rabbitmqctl does not list stream-protocol connections: the test cuts the reader's socket itself.
+        from spark_amqp.streams import range_over_protocol
+
+        real_connect = range_over_protocol.StreamClient.connect
+
+        async def recorded(*args):  # type: ignore[no-untyped-def]
+            opened.append(await real_connect(*args))
+            return opened[-1]
+
+        monkeypatch.setattr(range_over_protocol.StreamClient, "connect", recorded)
+
+    def cut() -> int:
+        if _READ_OVER[0] == "amqp":
+            return drop_source_connections(amqp_url, embedded_or_none, f"spark-amqp stream reader {s}")
+        assert opened[-1].transport is not None
+        opened[-1].transport.abort()
+        return 1
+
     batches = read_range(options(amqp_url, s, prefetch="100"), StreamRange(s, 0, 3000), 500)
     got = list(next(batches).column("offset").to_pylist())
-    assert wait_for(lambda: drop_source_connections(amqp_url, embedded_or_none, f"spark-amqp stream reader {s}") > 0, timeout=30)
+    assert wait_for(lambda: cut() > 0, timeout=30)
     for batch in batches:
         got.extend(batch.column("offset").to_pylist())
     assert got == list(range(3000))
@@ -450,7 +498,7 @@ def test_an_idle_end_is_measured_again_every_few_seconds(amqp_url: str, names, p
 def _head(url: str, stream: str) -> int:
     p = StreamPlanner(options(url, stream))
     try:
-        return p.client.run(lambda c: probe.head(c, stream), stream) or 0
+        return p.client.run(lambda c: p.access.head(c, stream), stream) or 0
     finally:
         p.close()
 
@@ -495,11 +543,13 @@ def test_a_range_starting_on_the_oldest_segments_tracking_chunk_is_not_data_loss
 
 def test_a_failed_gap_check_is_not_forgotten(amqp_url: str, names, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from spark_amqp.errors import ConnectionLost
-    from spark_amqp.streams import range_reader
+    from spark_amqp.streams import access, range_base
 
     s = names.queue("stream")
     first = _truncated_stream(amqp_url, s)
-    real_head, calls = probe.head, []
+    opts = options(amqp_url, s)
+    real = access.access_for(opts.connection)
+    real_head, calls = real.head, []
 
     async def flaky_head(client, stream):  # type: ignore[no-untyped-def]
         calls.append(stream)
@@ -507,9 +557,10 @@ def test_a_failed_gap_check_is_not_forgotten(amqp_url: str, names, monkeypatch) 
             raise ConnectionLost("the broker went away during the check")
         return await real_head(client, stream)
 
-    monkeypatch.setattr(range_reader.probe, "head", flaky_head)
+    patched = dataclasses.replace(real, head=flaky_head)
+    monkeypatch.setattr(range_base, "access_for", lambda _: patched)
     with pytest.raises(AmqpSourceError, match=rf"offsets 0 to {first - 1} \({first}\) were removed"):
-        offsets_and_ids(options(amqp_url, s), StreamRange(s, 0, first + 5))
+        offsets_and_ids(opts, StreamRange(s, 0, first + 5))
     assert len(calls) == 2
 
 
@@ -521,7 +572,12 @@ def test_a_stream_dropped_from_the_options_is_data_loss(amqp_url: str, names, pl
         declare_stream(amqp_url, f"{base}-{i}")
         publish(amqp_url, f"{base}-{i}", 0, 10)
     checkpoint = {f"{base}-0": 10, f"{base}-1": 10, f"{base}-2": 4}
-    fewer = {"uri": amqp_url, "superStream": base, "superStreamPartitions": "2", "failOnDataLoss": str(fail_on_data_loss).lower()}
+    fewer = {
+        "uri": reading_url(amqp_url),
+        "superStream": base,
+        "superStreamPartitions": "2",
+        "failOnDataLoss": str(fail_on_data_loss).lower(),
+    }
     p = planner(planners, parse_stream_options(fewer))
     if fail_on_data_loss:
         with pytest.raises(
@@ -576,10 +632,11 @@ def test_a_range_whose_stream_was_declared_again_fails_naming_it(amqp_url: str, 
     assert time.monotonic() - started < 15
 
 
+@pytest.mark.amqp_only
 def test_a_541_at_the_same_offset_is_not_retried_forever(amqp_url: str, names, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     # RabbitMQ 4.3 closes the connection with 541 at a message it cannot convert (rstream's binary mode).
     from spark_amqp.errors import InternalError
-    from spark_amqp.streams import range_reader
+    from spark_amqp.streams import range_over_amqp
 
     s = names.queue("stream")
     declare_stream(amqp_url, s)
@@ -594,7 +651,7 @@ def test_a_541_at_the_same_offset_is_not_retried_forever(amqp_url: str, names, m
             raise InternalError("INTERNAL_ERROR", on_connection=True)
         await real_consume(channel, stream, tag, offset, prefetch, arguments)
 
-    monkeypatch.setattr(range_reader.stream_consumers, "consume", refused_at_4)
+    monkeypatch.setattr(range_over_amqp.stream_consumers, "consume", refused_at_4)
     with pytest.raises(
         AmqpSourceError,
         match=rf"stream '{s}': the broker closed the connection with .*541.* 3 times when reading offset 4.*stream-protocol",

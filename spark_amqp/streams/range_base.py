@@ -1,0 +1,244 @@
+"""``RangeReader``: reading one offset range of a stream, in an executor task, with a connection of its own.
+
+What does not depend on the protocol lives here: the read loop, the checks on
+jumps in the offsets (retention), a silent broker, filter widening, and resuming
+after a lost connection. ``range_over_amqp`` and ``range_over_protocol``
+subscribe and turn deliveries into rows. Both stop at the range's last offset and
+drop whatever the broker sent beyond it, so a task never yields an offset
+outside its range, and a replay yields the same rows. A lost connection resumes
+after the last offset read, with backoff and without a deadline (the planner
+reached the broker before the task was planned): a broker restart only delays
+the task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from ..backoff import Backoff
+from ..errors import AmqpSourceError, ConnectionLost, InternalError, explain, is_transient
+from . import filtering
+from .access import access_for
+from .options import StreamSourceOptions
+from .ranges import StreamRange, judge_gap
+
+__all__ = ["FILTER_IDLE", "RangeReader", "Row"]
+
+log = logging.getLogger("spark_amqp.streams")
+
+Row = tuple[bytes, str, str, str, int, Any]
+# A 541 at one offset this many times in a row is the message, not the broker.
+REFUSALS_AT_ONE_OFFSET = 3
+# With a filter, the broker skips the chunks that match nothing without a word, so a range whose last
+# offsets match nothing would never see its end. After this long without a delivery, the filter takes in
+# the value of the range's last message as well (see _widen_filter): a slow broker costs some chunks more.
+FILTER_IDLE = 0.25
+
+
+class RangeReader:
+    """Subclasses open ``client`` (``_connect``), subscribe from ``next_offset`` (``_subscribe``, setting
+    ``subscribed``), end the subscription (``_unsubscribe``), and hand what arrives to ``rows`` / ``gaps``
+    through ``_offered``, setting ``arrived``; a failure they see goes to ``failure``."""
+
+    def __init__(self, options: StreamSourceOptions, part: StreamRange) -> None:
+        self.options = options
+        self.part = part
+        self.access = access_for(options.connection)
+        self.next_offset = part.start  # the first offset not yet read
+        self.done = part.size <= 0
+        self.rows: list[Row] = []
+        self.client: Any = None
+        self.subscribed = False
+        self.failure: BaseException | None = None
+        self.arrived = asyncio.Event()
+        # Every forward jump not yet checked: (first offset skipped, offset delivered next).
+        self.gaps: list[tuple[int, int]] = []
+        self.backoff = Backoff()
+        self._refused = (-1, 0)  # (offset, how many 541s in a row there)
+        self.row_filter = filtering.RowFilter(options.filter, options.match_unfiltered) if options.filter else None
+        self.broker_filter = filtering.consumer_arguments(options)
+        self.widened = False  # the broker's filter takes the range's last message in too
+        self.widen_due = False
+
+    async def _connect(self) -> None:
+        raise NotImplementedError
+
+    async def _subscribe(self) -> None:
+        raise NotImplementedError
+
+    async def _unsubscribe(self) -> None:
+        raise NotImplementedError
+
+    async def next_rows(self, limit: int) -> list[Row]:
+        timeout = self.options.connection.connection_timeout
+        while self.gaps or (len(self.rows) < limit and not self.done):
+            try:
+                if self.client is None:
+                    await self._connect()
+                if self.gaps:  # before more rows go out: a loss must fail the task before the rows after it
+                    await self._check_gaps()
+                    continue
+                if self.widen_due:  # here, where a failure to ask is retried as any other
+                    await self._widen_filter()
+                    continue
+                if not self.subscribed:
+                    await self._subscribe()
+                self.arrived.clear()
+                if self.failure is None and not self.done and len(self.rows) < limit:
+                    # The planner saw these offsets in the stream: a silent broker is a fault, not an end.
+                    await asyncio.wait_for(self.arrived.wait(), FILTER_IDLE if self._may_widen else timeout)
+                if self.failure is not None:
+                    raise self.failure
+            except asyncio.TimeoutError:
+                if self._may_widen:
+                    self.widen_due = True
+                    continue
+                await self._silent(timeout)
+            except AmqpSourceError:
+                raise
+            except Exception as err:
+                if not is_transient(err):
+                    raise self._explained(err) from err
+                self._check_repeated_refusal(err)
+                await self._resume(err)
+        rows, self.rows = self.rows, []
+        return rows
+
+    async def close(self) -> None:
+        client, self.client, self.subscribed = self.client, None, False
+        if client is not None:
+            await client.close()
+
+    @property
+    def _may_widen(self) -> bool:
+        """Whether silence means 'the broker skipped to the end' (see FILTER_IDLE) rather than a fault."""
+        return bool(self.broker_filter) and not self.widened
+
+    async def _widen_filter(self) -> None:
+        """From the first offset not yet read, also ask the broker for the value of the range's last message
+        (or for messages without one): the chunk holding it then comes for sure, and the range sees its end.
+        Rows are still filtered here, so only the chunks sent change."""
+        assert self.client is not None
+        last = await self.access.filter_value_at(self.client, self.part.stream, self.part.end - 1)
+        arguments = dict(self.broker_filter)
+        if last is None:
+            arguments = {}  # nothing there now: read on unfiltered, and _silent says what became of it
+        elif last[1] is None:
+            arguments["x-stream-match-unfiltered"] = True
+        else:
+            arguments["x-stream-filter"] = list(dict.fromkeys([*self.options.filter, last[1]]))
+        log.debug(
+            "AMQP source: stream '%s': nothing matched the filter for %gs; reading on from offset %d with %s",
+            self.part.stream,
+            FILTER_IDLE,
+            self.next_offset,
+            arguments or "no filter",
+        )
+        self.broker_filter, self.widened, self.widen_due = arguments, True, False
+        await self._unsubscribe()
+
+    def _offered(self, offset: int) -> bool:
+        """Bookkeeping for a message at ``offset`` that just arrived: whether it is in the range and new (the
+        caller then makes its row). Jumps forward are noted for ``_check_gaps``, and the end closes the range."""
+        if offset < self.next_offset:
+            return False  # a chunk starts before the offset asked for
+        if offset > self.next_offset:
+            # Retention removed what comes next (at the start, or under a reader that fell behind:
+            # RabbitMQ moves it to the oldest segment left), or the offsets in between hold no
+            # messages (the tracking chunk RabbitMQ starts each segment with). Checked before
+            # more rows go out, even when the jump lands past the range's end.
+            self.gaps.append((self.next_offset, offset))
+        end = self.part.end
+        taken = offset < end
+        if taken:
+            self.next_offset = offset + 1
+            if self.backoff.failures:
+                self.backoff.reset()
+        if offset >= end - 1:
+            self.done = True
+        return taken
+
+    async def _check_gaps(self) -> None:
+        """Data loss only where the stream now begins after a skipped offset; a gap is dropped only once checked."""
+        assert self.client is not None
+        head = await self.access.head(self.client, self.part.stream)
+        while self.gaps:
+            start, first = self.gaps[0]
+            verdict = judge_gap(self.part, start, first, head)
+            if verdict is not None:
+                lost, certain = verdict
+                message = (
+                    f"stream '{self.part.stream}': offsets {start} to {start + lost - 1} ({lost}) were removed by the stream's "
+                    "retention (x-max-length-bytes / x-max-age) before this query read them"
+                )
+                if certain:
+                    if self.options.fail_on_data_loss:
+                        raise AmqpSourceError(message + "; set failOnDataLoss=false to skip them and go on")
+                    log.warning("AMQP source: %s; skipped (failOnDataLoss=false)", message)
+                else:
+                    log.warning(
+                        "AMQP source: %s, or they held no messages (RabbitMQ gives the tracking chunk that opens a segment an "
+                        "offset of its own, and retention has since removed that segment): not treated as data loss",
+                        message,
+                    )
+            self.gaps.pop(0)
+
+    async def _silent(self, timeout: float) -> None:
+        """No delivery for ``timeout`` seconds, although the planner saw these offsets: a stalled connection,
+        or a stream deleted and declared again since (its offsets start over). Asking where it ends tells which."""
+        silent = ConnectionLost(f"no delivery for {timeout:g}s at offset {self.next_offset} (this batch reads up to {self.part.end - 1})")
+        end: int | None = None  # where the stream ends now, if the broker says
+        if self.client is not None and not self.client.closed.done():
+            try:
+                last = await self.access.tail(self.client, self.part.stream)
+                end = 0 if last is None else last[0] + 1
+            except Exception as err:
+                if not is_transient(err):
+                    raise self._explained(err) from err
+        if end is not None and end <= self.next_offset:
+            raise AmqpSourceError(
+                f"stream '{self.part.stream}' now ends at offset {end}, but this batch reads it from {self.next_offset} up to "
+                f"{self.part.end - 1}, which it held when the batch was planned: the stream was deleted and declared again "
+                "(or retention removed everything). Start the query with a new checkpointLocation"
+            )
+        await self._resume(silent)
+
+    def _check_repeated_refusal(self, err: BaseException) -> None:
+        """RabbitMQ 4.x closes the connection with 541 when it cannot convert a stream message for AMQP 0-9-1:
+        the same offset fails every time, so retrying without end would hide a permanent fault."""
+        if not isinstance(err, InternalError):
+            self._refused = (-1, 0)
+            return
+        at, times = self._refused
+        times = times + 1 if at == self.next_offset else 1
+        self._refused = (self.next_offset, times)
+        if times >= REFUSALS_AT_ONE_OFFSET:
+            raise AmqpSourceError(
+                f"stream '{self.part.stream}': the broker closed the connection with {err} {times} times when reading offset "
+                f"{self.next_offset}. Most likely the message there is not AMQP 1.0: written by a stream-protocol client in "
+                "binary mode (rstream, for one), which RabbitMQ 4.x cannot convert for an AMQP 0-9-1 consumer (its log says "
+                "primitive_type_unsupported). Read this stream with a stream-protocol client, or write AMQP 1.0 messages"
+            ) from err
+
+    async def _resume(self, err: BaseException) -> None:
+        """Read again after the last offset read, once the backoff's delay has passed. The planner reached the
+        broker before this task was planned, so an outage is waited out, however long, with a warning each time."""
+        delay = self.backoff.next()
+        log.warning(
+            "AMQP source: reading stream '%s' from offset %d again in %.1fs (attempt %d) after: %s",
+            self.part.stream,
+            self.next_offset,
+            delay,
+            self.backoff.failures,
+            err,
+        )
+        client, self.client, self.subscribed = self.client, None, False
+        if client is not None:
+            client.abort(ConnectionLost("resuming"))
+        await asyncio.sleep(delay)
+
+    def _explained(self, err: BaseException) -> AmqpSourceError:
+        c = self.options.connection
+        return AmqpSourceError(explain(err, c.display_uri, c.username, c.vhost, f"stream '{self.part.stream}'"))

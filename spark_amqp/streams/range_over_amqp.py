@@ -1,0 +1,84 @@
+"""Reading a stream range over AMQP 0-9-1: a basic.consume at the range's first offset.
+
+Credit goes back as acks (on a stream an ack deletes nothing) every
+prefetch/``ACK_SHARE`` messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+from ..client import AmqpClient, ClientChannel
+from ..reading import stream_consumers
+from ..reading.stream_consumers import not_a_stream, stream_offset
+from .options import StreamSourceOptions
+from .range_base import RangeReader
+from .ranges import StreamRange
+
+__all__ = ["ACK_SHARE", "AmqpRangeReader"]
+
+# Credit goes back every prefetch/ACK_SHARE messages. RabbitMQ 3.10 refills a stream consumer
+# in its channel process with work that grows faster than the ack's size (README, "How a
+# batch is planned and read"): one consumer read 57-63k msg/s acking every 1000 of 2000,
+# 75-85k acking every 125.
+ACK_SHARE = 16
+_tags = itertools.count(1)
+
+
+class AmqpRangeReader(RangeReader):
+    def __init__(self, options: StreamSourceOptions, part: StreamRange) -> None:
+        super().__init__(options, part)
+        self.channel: ClientChannel | None = None
+        self.unacked = 0
+        self.credit = max(1, min(options.prefetch, part.size))
+
+    async def _connect(self) -> None:
+        self.client = await AmqpClient.connect(self.options.connection, f"spark-amqp stream reader {self.part.stream}")
+        await self.access.require(self.client, self.options)
+
+    async def _subscribe(self) -> None:
+        channel = self.channel = await self.client.channel()
+        self.subscribed = True
+        self.failure, self.unacked = None, 0
+        channel.on_delivery = self._on_delivery
+        channel.closed.add_done_callback(self._on_closed)
+        tag = f"spark-amqp-range-{next(_tags)}"
+        await stream_consumers.consume(channel, self.part.stream, tag, self.next_offset, self.credit, self.broker_filter)
+
+    async def _unsubscribe(self) -> None:
+        # Deliveries that come before the close-ok are still read (in order): the next consumer starts after them.
+        channel, self.channel, self.subscribed = self.channel, None, False
+        if channel is not None:
+            await channel.close()
+
+    async def close(self) -> None:
+        self.channel = None
+        await super().close()
+
+    async def _resume(self, err: BaseException) -> None:
+        self.channel = None
+        await super()._resume(err)
+
+    def _on_closed(self, closed: asyncio.Future[Any]) -> None:
+        reason = closed.result()
+        if reason is not None and self.failure is None and not self.done:
+            self.failure = reason
+            self.arrived.set()
+
+    def _on_delivery(self, tag: int, redelivered: bool, exchange: str, routing_key: str, props: Any, body: bytes) -> None:
+        if self.done or self.failure is not None:
+            return
+        offset = stream_offset(props)
+        if offset is None:  # never ack it: on a classic queue an ack deletes
+            self.failure = not_a_stream(self.part.stream)
+            self.arrived.set()
+            return
+        self.unacked += 1
+        if self.unacked * ACK_SHARE >= self.credit and self.channel is not None:  # None: closing, credit no longer needed
+            self.channel.ack(tag, True)
+            self.unacked = 0
+        if self._offered(offset) and (self.row_filter is None or self.row_filter.keeps(props)):
+            self.rows.append((body, self.part.stream, exchange, routing_key, offset, props))
+        self.arrived.set()
