@@ -20,7 +20,7 @@ from spark_amqp.streams.planner import StreamPlanner
 from spark_amqp.streams.ranges import StreamRange
 
 from ..broker.helpers import wait_for
-from ..brokers import version
+from ..brokers import STREAM_URLS, version
 from ..streams.test_reading import declare_stream, offsets_and_ids, options, publish
 
 pytestmark = [pytest.mark.spark, pytest.mark.streams]
@@ -188,3 +188,33 @@ def test_a_super_stream_written_by_key_and_read_back_filtered(spark, amqp_url: s
         return
     eu = read.option("filter", "eu").load().select(F.col("body").cast("string").alias("id")).collect()
     assert sorted(int(r["id"]) for r in eu) == list(range(0, 600, 3))
+
+
+def test_a_checkpoint_written_over_one_protocol_is_read_over_the_other(spark, amqp_url: str, names, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The same offsets over AMQP 0-9-1 and over the stream protocol: a query moves from one to the other
+    on its checkpoint and reads every message once; spark.read over the stream protocol reads its bounds."""
+    stream_url = STREAM_URLS.get(amqp_url)
+    if stream_url is None:
+        pytest.skip("this broker's stream protocol port is not known (AMQP_TEST_STREAM_BROKERS)")
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    out, checkpoint = tmp_path / "out", tmp_path / "c"
+
+    def run(uri: str) -> None:
+        df = spark.readStream.format("amqp").option("uri", uri).option("stream", s).option("numPartitions", "2").load()
+        query = df.select("offset", "message_id", "body").writeStream.format("parquet").option("path", str(out))
+        query = query.option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
+        assert query.awaitTermination(240)
+        assert query.exception() is None
+
+    publish(amqp_url, s, 0, 2000)
+    run(amqp_url)
+    publish(amqp_url, s, 2000, 2000)
+    run(stream_url)
+    rows = pa.concat_tables([pq.read_table(f) for f in glob.glob(f"{out}/*.parquet")]).to_pylist()
+    assert sorted((r["offset"], r["message_id"], r["body"]) for r in rows) == [(i, f"m{i}", f"b{i}".encode()) for i in range(4000)]
+    logged = sorted((checkpoint / "offsets").glob("[0-9]*"), key=lambda p: int(p.name))
+    assert json.loads(logged[-1].read_text().splitlines()[-1]) == {s: [4000, mark_of(b"b3999")]}
+    bounded = spark.read.format("amqp").option("uri", stream_url).option("stream", s)
+    bounded = bounded.option("startingOffsets", json.dumps({s: 100})).option("endingOffsets", json.dumps({s: 250})).load()
+    assert sorted(r["offset"] for r in bounded.select("offset").collect()) == list(range(100, 250))
