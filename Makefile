@@ -89,7 +89,7 @@ perftest: $(PERFTEST_STAMP)
 ## tests in one (they share one SparkSession).
 test: $(STAMP) $(JARS_STAMP)
 	$(PY) -m pytest -m "not spark" -n $(TEST_WORKERS) $(PYTEST_ARGS)
-	$(PY) -m pytest -m spark $(PYTEST_ARGS)
+	$(PY) -m pytest -m spark --durations=15 $(PYTEST_ARGS)
 
 ## RabbitMQ 3.10, 4.0 and 4.3 side by side (and a 4.3 that denies a deprecated feature), installed and
 ## started; then: export AMQP_TEST_BROKERS="$$(tools/rabbitmq urls)" AMQP_TEST_DENYING_URL="$$(tools/rabbitmq url 4.3-deny)"

@@ -127,6 +127,7 @@ def test_min_messages_per_trigger_holds_a_batch_back_until_enough_are_there(spar
         query.stop()
 
 
+@pytest.mark.pinned  # nothing here differs between PySpark lines (CI time)
 def test_the_sink_publishes_to_a_stream_as_to_any_queue(spark, amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
     s = names.queue("stream")
     declare_stream(amqp_url, s)
@@ -143,6 +144,7 @@ def test_the_sink_publishes_to_a_stream_as_to_any_queue(spark, amqp_url: str, na
     assert sorted(m for _, m in rows) == sorted(f"id{i}" for i in range(500))
 
 
+@pytest.mark.pinned  # nothing here differs between PySpark lines (CI time)
 def test_spark_read_of_a_stream_reads_its_bounds_and_refuses_a_queue(spark, amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
     s = names.queue("stream")
     declare_stream(amqp_url, s)
@@ -164,6 +166,7 @@ def test_spark_read_of_a_stream_reads_its_bounds_and_refuses_a_queue(spark, amqp
         spark.read.format("amqp").option("uri", amqp_url).option("queue", q).load().collect()
 
 
+@pytest.mark.pinned  # nothing here differs between PySpark lines (CI time)
 def test_a_super_stream_written_by_key_and_read_back_filtered(spark, amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
     name = names.queue("orders")
     for i in range(3):
@@ -190,6 +193,7 @@ def test_a_super_stream_written_by_key_and_read_back_filtered(spark, amqp_url: s
     assert sorted(int(r["id"]) for r in eu) == list(range(0, 600, 3))
 
 
+@pytest.mark.pinned  # nothing here differs between PySpark lines (CI time)
 def test_a_checkpoint_written_over_one_protocol_is_read_over_the_other(spark, amqp_url: str, names, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The same offsets over AMQP 0-9-1 and over the stream protocol: a query moves from one to the other
     on its checkpoint and reads every message once; spark.read over the stream protocol reads its bounds."""
