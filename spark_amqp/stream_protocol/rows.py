@@ -133,9 +133,21 @@ class RowMaker:
         self.stream = stream
         self.conversion = conversion
         self._known: dict[bytes, tuple[str, str, StreamProperties]] = {}
+        self._last: tuple[bytes, tuple[str, str, StreamProperties]] | None = None
 
     def row(self, record: bytes, offset: int) -> tuple[bytes, str, str, str, int, Any]:
         """(body, stream, exchange, routing key, offset, properties): the tuple ``arrow.to_stream_batch`` takes."""
+        last = self._last
+        if last is not None and record.startswith(last[0]):
+            # Most records of a chunk share the previous one's sections before the body: then only the
+            # data section after them needs reading.
+            at = len(last[0])
+            if record[at : at + 3] == b"\x00\x53\x75":
+                kind = record[at + 3]
+                start = at + 5 if kind == 0xA0 else at + 8 if kind == 0xB0 else -1
+                if start > 0 and start + (record[at + 4] if kind == 0xA0 else _I.unpack_from(record, at + 4)[0]) == len(record):
+                    same = last[1]
+                    return (record[start:], self.stream, same[0], same[1], offset, same[2])
         if not amqp10.is_amqp10(record):
             return (record, self.stream, None, None, offset, _NOT_AMQP10)  # type: ignore[return-value]
         start, body = split(record)
@@ -149,6 +161,7 @@ class RowMaker:
             if len(self._known) >= self.CACHE:
                 self._known.clear()
             known = self._known[prefix] = self._decode(prefix, parts or amqp10.sections(prefix))
+        self._last = (prefix, known)
         return (body, self.stream, known[0], known[1], offset, known[2])
 
     def _decode(self, prefix: bytes, parts: amqp10.Sections) -> tuple[str, str, StreamProperties]:

@@ -5,6 +5,7 @@ import decimal
 
 import pika
 import pyarrow as pa
+import pytest
 
 from spark_amqp.queues.inbox import Delivery
 from spark_amqp.reading import arrow
@@ -33,3 +34,11 @@ def test_record_batch_matches_the_schema_and_values() -> None:
     assert out[0]["timestamp"] == datetime.datetime(2023, 11, 14, 22, 13, 20, tzinfo=datetime.timezone.utc)
     assert dict(out[0]["headers"]) == {"h": "1", "n": None}
     assert out[1]["body"] == b"" and out[1]["headers"] is None and out[1]["timestamp"] is None
+
+
+@pytest.mark.parametrize("bodies", [[], [b""], [b"a", b"", b"bc"], [b"\x00" * 300, b"\xff"]])
+def test_a_body_column_is_built_from_its_bytes_and_offsets(bodies: list[bytes]) -> None:
+    from spark_amqp.reading.arrow import _binary
+
+    column = _binary(bodies)
+    assert column.type == pa.binary() and column.to_pylist() == bodies
