@@ -21,8 +21,11 @@ TEST_WORKERS ?= 4
 
 PERFTEST_DIR := .cache/perftest
 PERFTEST_STAMP := $(PERFTEST_DIR)/.stamp
+STREAMCLIENT_DIR := .cache/stream-client
+STREAMCLIENT_STAMP := $(STREAMCLIENT_DIR)/.stamp
+STREAMCLIENT_CLASS := $(STREAMCLIENT_DIR)/classes/StreamConsume.class
 
-.PHONY: install jars perftest wheel test test-matrix test-python3.10 $(PYSPARK_LINES:%=test-pyspark%) lint demo bench broker rabbitmq clean
+.PHONY: install jars perftest streamclient wheel test test-matrix test-python3.10 $(PYSPARK_LINES:%=test-pyspark%) lint demo bench broker rabbitmq clean
 
 $(STAMP): pyproject.toml conf/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -83,6 +86,18 @@ $(PERFTEST_STAMP): conf/perftest/pom.xml
 	$(call maven_copy,perftest,$(PERFTEST_DIR))
 
 perftest: $(PERFTEST_STAMP)
+
+## RabbitMQ's Java stream client and its dependencies (conf/stream-client/pom.xml), and
+## benchmarks/java/StreamConsume.java compiled against them: the stream-protocol baseline of
+## benchmarks/stream_throughput.py --stream-url (the broker's limit).
+$(STREAMCLIENT_STAMP): conf/stream-client/pom.xml
+	$(call maven_copy,streamclient,$(STREAMCLIENT_DIR))
+
+$(STREAMCLIENT_CLASS): benchmarks/java/StreamConsume.java $(STREAMCLIENT_STAMP)
+	mkdir -p $(STREAMCLIENT_DIR)/classes
+	javac -nowarn -d $(STREAMCLIENT_DIR)/classes -cp '$(STREAMCLIENT_DIR)/*' $<
+
+streamclient: $(STREAMCLIENT_CLASS)
 
 ## Run the test suite: the embedded broker always; real RabbitMQ too when AMQP_TEST_BROKERS (or
 ## AMQP_TEST_URL) is set. The tests without Spark run in TEST_WORKERS processes, then the Spark

@@ -66,9 +66,10 @@ async def ours_publish(options: Any, n: int) -> float:
         await client.close()
 
 
-async def ours_read(options: Any, n: int, rows: bool) -> float:
+async def ours_read(options: Any, n: int, rows: bool, stream: str = STREAM) -> float:
+    """msg/s reading the first ``n`` messages of ``stream`` from ``first``: to records, or on to the source's Arrow rows."""
     client = await StreamClient.connect(options, "bench reader")
-    maker = RowMaker(STREAM, Conversion.of(client.server_version))
+    maker = RowMaker(stream, Conversion.of(client.server_version))
     done = asyncio.Event()
     count = [0]
     pending: list[Any] = []
@@ -88,7 +89,7 @@ async def ours_read(options: Any, n: int, rows: bool) -> float:
 
     try:
         start = time.perf_counter()
-        await client.subscribe(1, STREAM, OffsetSpec.FIRST, 10, on_chunk)
+        await client.subscribe(1, stream, OffsetSpec.FIRST, 10, on_chunk)
         await done.wait()
         return n / (time.perf_counter() - start)
     finally:
@@ -117,7 +118,8 @@ async def rstream_publish(host: str, port: int, user: str, password: str, n: int
         return rate
 
 
-async def rstream_read(host: str, port: int, user: str, password: str, n: int, decode: bool) -> float:
+async def rstream_read(host: str, port: int, user: str, password: str, n: int, decode: bool, stream: str = STREAM) -> float:
+    """msg/s of rstream reading the first ``n`` messages of ``stream`` from ``first``: raw bytes, or AMQP 1.0 decoded."""
     from rstream import Consumer, ConsumerOffsetSpecification, OffsetType, amqp_decoder
 
     done = asyncio.Event()
@@ -131,24 +133,34 @@ async def rstream_read(host: str, port: int, user: str, password: str, n: int, d
 
         start = time.perf_counter()
         extra: dict[str, Any] = {"decoder": amqp_decoder} if decode else {}
-        await consumer.subscribe(STREAM, on_message, offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST, None), **extra)
+        await consumer.subscribe(stream, on_message, offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST, None), **extra)
         await done.wait()
         return n / (time.perf_counter() - start)
 
 
-def main() -> None:
-    uri = sys.argv[1] if len(sys.argv) > 1 else "rabbitmq-stream://guest:guest@127.0.0.1:5552/%2F"
-    n = int(sys.argv[2]) if len(sys.argv) > 2 else 300_000
-    options = parse_connection(
+def connection(uri: str) -> Any:
+    """``StreamClient.connect``'s options for a rabbitmq-stream:// uri."""
+    return parse_connection(
         OptionReader({"uri": uri, "connectionTimeout": "60"}, {"uri": "uri", "connectiontimeout": "connectionTimeout"}), True
     )
+
+
+def rstream_login(uri: str) -> tuple[str, int, str, str]:
+    """(host, port, user, password) of a rabbitmq-stream:// uri, as rstream takes them."""
     parts = urllib.parse.urlsplit(uri.replace("rabbitmq-stream", "amqp", 1))
-    login = (
+    return (
         parts.hostname or "127.0.0.1",
         parts.port or 5552,
         urllib.parse.unquote(parts.username or "guest"),
         urllib.parse.unquote(parts.password or "guest"),
     )
+
+
+def main() -> None:
+    uri = sys.argv[1] if len(sys.argv) > 1 else "rabbitmq-stream://guest:guest@127.0.0.1:5552/%2F"
+    n = int(sys.argv[2]) if len(sys.argv) > 2 else 300_000
+    options = connection(uri)
+    login = rstream_login(uri)
     results = {
         "publish, spark-amqp with dedup": asyncio.run(ours_publish(options, n)),
         "publish, rstream": asyncio.run(rstream_publish(*login, n)),

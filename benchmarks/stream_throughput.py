@@ -2,6 +2,8 @@
 
     make perftest   # PerfTest's jars into .cache/perftest (Maven), once
     AMQP_TEST_URL=amqp://guest:guest@127.0.0.1:5672/%2F .venv/bin/python benchmarks/stream_throughput.py
+    # and over the stream protocol too (issue 18; `make streamclient` first):
+    AMQP_TEST_URL=... .venv/bin/python benchmarks/stream_throughput.py --stream-url rabbitmq-stream://guest:guest@127.0.0.1:5552/%2F
     # a quick version while developing:
     AMQP_TEST_URL=... .venv/bin/python benchmarks/stream_throughput.py --messages 100000 --delta-messages 50000
 
@@ -24,11 +26,22 @@ of them from the first offset with:
    Spark runs and the ratios use their means.
 
 Each measured run also reports the CPU used meanwhile, in cores, per process
-group (RabbitMQ's beam.smp, Spark's Python workers, Spark's JVM, ...) from /proc,
-and the load average: the machine is shared, so read the figures with it. The
-CPU per message of the run's own processes (reader + broker + Spark) gives the
-rate CPU alone would allow if they had every core: when the measured rate is
-near what the other jobs leave of that, CPU is the limit, not the broker.
+group (the measured RabbitMQ node's beam.smp, other nodes apart; Spark's Python
+workers, Spark's JVM, ...) from /proc, and the load average: the machine is
+shared, so read the figures with it. The CPU per message of the run's own
+processes (reader + broker + Spark) gives the rate CPU alone would allow if they
+had every core: when the measured rate is near what the other jobs leave of
+that, CPU is the limit, not the broker.
+
+With ``--stream-url`` (or AMQP_TEST_STREAM_URL), the same broker's rabbitmq-stream:// uri,
+the source also reads the same stream over RabbitMQ's stream protocol for each
+``--partitions`` value (right after the AMQP 0-9-1 run with the same numPartitions),
+against stream-protocol baselines measured before and after the Spark runs:
+RabbitMQ's Java stream client (benchmarks/java/StreamConsume.java, ``make streamclient``;
+one consumer, and as many consumers on their own connections as each numPartitions value,
+after a warm-up read in the same JVM), rstream (raw, and AMQP 1.0 decoded) and
+spark-amqp's own StreamClient (to records, and on to the source's Arrow rows; both from
+benchmarks/stream_protocol_client.py).
 
 Last (unless ``--skip-delta``), source -> Delta with a processing-time trigger
 while a publisher adds ``--delta-messages`` at ``--delta-rate`` msg/s, without
@@ -48,14 +61,17 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 
 import pika
 import pika_baseline as pb
+import stream_protocol_client as spc
 import stream_reads
 from spark_runs import BatchLog, run_to_end, spark_session
 
@@ -65,6 +81,9 @@ BODY = b"x" * 200
 REPO = Path(__file__).resolve().parent.parent
 PERFTEST_DIR = REPO / ".cache" / "perftest"
 PERFTEST_MAIN = "com.rabbitmq.perf.PerfTest"
+STREAM_CLIENT_DIR = REPO / ".cache" / "stream-client"
+STREAM_CLIENT_MAIN = "StreamConsume"
+JAVA_WARMUP = 100_000  # messages the Java stream client reads before its measured read, in the same JVM
 RUNNER = "python_streaming_source_runner"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 WARMUP_MESSAGES = 20_000
@@ -93,6 +112,34 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
+def listening_pid(port: int) -> int | None:
+    """The process listening on a local TCP port (from /proc/net/tcp and the processes' sockets), None if not found."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # LISTEN
+                inodes.add(f"socket:[{fields[9]}]")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if any(os.readlink(f"/proc/{entry}/fd/{fd}") in inodes for fd in os.listdir(f"/proc/{entry}/fd")):
+                return int(entry)
+        except OSError:
+            continue
+    return None
+
+
+# The measured node's beam.smp, once known: other RabbitMQ nodes on the machine count as "other brokers".
+BROKER_PIDS: set[int] = set()
+
+
 def _machine_ticks() -> tuple[int, int]:
     """(busy, total) ticks of all CPUs since boot."""
     with open("/proc/stat") as f:
@@ -104,12 +151,25 @@ def _machine_ticks() -> tuple[int, int]:
 class CpuMeter:
     """CPU used while a run goes, in cores, per group of processes (sampled from /proc every 0.25 s).
 
-    Groups: RabbitMQ (beam.smp), this script's process, and among its descendants
+    Groups: RabbitMQ (beam.smp: the measured node's, when ``BROKER_PIDS`` names it; other nodes
+    on the machine are "other brokers"), this script's process, and among its descendants
     Spark's JVM, the source runner (the planner, on the driver), Spark's Python
-    workers (executor tasks), PerfTest; every other process is "other jobs".
+    workers (executor tasks), PerfTest, the Java stream client; every other process is "other jobs".
+    The Python stream-protocol baselines (rstream, StreamClient) run in "bench script".
     """
 
-    GROUPS = ("beam.smp", "py workers", "spark JVM", "source runner", "bench script", "PerfTest", "other jobs")
+    GROUPS = (
+        "beam.smp",
+        "py workers",
+        "spark JVM",
+        "source runner",
+        "bench script",
+        "PerfTest",
+        "stream client",
+        "other brokers",
+        "other jobs",
+    )
+    NOT_OURS = ("other brokers", "other jobs")
 
     def __init__(self) -> None:
         self._base: dict[int, int] = {}
@@ -165,7 +225,7 @@ class CpuMeter:
     @staticmethod
     def _classify(pid: int, comm: str, stats: dict[int, tuple[str, int, int]], me: int) -> str:
         if comm == "beam.smp":
-            return "beam.smp"
+            return "beam.smp" if not BROKER_PIDS or pid in BROKER_PIDS else "other brokers"
         if pid == me:
             return "bench script"
         parent, seen = stats[pid][1], 0
@@ -176,6 +236,8 @@ class CpuMeter:
         cmdline = _cmdline(pid)
         if PERFTEST_MAIN.encode() in cmdline:
             return "PerfTest"
+        if STREAM_CLIENT_MAIN.encode() in cmdline:
+            return "stream client"
         if comm == "java":
             return "spark JVM"
         if RUNNER.encode() in cmdline:
@@ -190,7 +252,7 @@ class CpuMeter:
             f"CPU in cores over {self.seconds:.1f} s: {parts}; machine busy {self.machine:.2f} of {os.cpu_count()}; loadavg {self.loadavg}"
         )
         if messages:
-            per = {g: c * self.seconds / messages * 1e6 for g, c in self.used.items() if g != "other jobs" and c >= 0.005}
+            per = {g: c * self.seconds / messages * 1e6 for g, c in self.used.items() if g not in CpuMeter.NOT_OURS and c >= 0.005}
             total = sum(per.values())
             costs = ", ".join(f"{g} {us:.1f}" for g, us in per.items())
             cpus = os.cpu_count() or 1
@@ -271,6 +333,60 @@ def perftest_consume(jars: Path, url: str, stream: str, count: int, prefetch: in
     if not found:
         raise RuntimeError(f"no consume rate in PerfTest's output:\n{out[-2000:]}")
     return float(found.group(1))
+
+
+def java_stream_consume(jars: Path, stream_url: str, stream: str, count: int, readers: int) -> tuple[float, CpuMeter]:
+    """The Java stream client's rate (msg/s) reading the first ``count`` messages with ``readers`` consumers,
+    and the CPU of its measured read alone (after JVM start-up and its warm-up read)."""
+    warmup = min(count, JAVA_WARMUP)
+    cmd = ["java", "-Dwait=true", "-cp", f"{jars}/*:{jars}/classes", STREAM_CLIENT_MAIN, stream_url, stream, str(count), str(readers)]
+    cmd.append(str(warmup))
+    with subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        assert proc.stdin is not None and proc.stdout is not None
+        ready = proc.stdout.readline()
+        line = ""
+        if ready.strip() == "ready":
+            with CpuMeter() as cpu:
+                proc.stdin.write("go\n")
+                proc.stdin.flush()
+                line = proc.stdout.readline()
+        out, err = proc.communicate(timeout=120)
+    found = re.match(r"rate (\d+) msg/s", line)
+    if proc.returncode != 0 or not found:
+        raise RuntimeError(f"StreamConsume failed ({proc.returncode}): {' '.join(cmd)}\n{ready}{line}{out[-2000:]}\n{err[-2000:]}")
+    return float(found.group(1)), cpu
+
+
+def protocol_baselines(jars: Path | None, stream_url: str, stream: str, count: int, readers: list[int], when: str) -> dict[str, float]:
+    """The stream-protocol readers of the whole stream from ``first``, each printed with its CPU: msg/s by name."""
+    import asyncio
+
+    rates: dict[str, float] = {}
+
+    def show(name: str, rate: float, cpu: CpuMeter) -> None:
+        rates[name] = rate
+        print(f"{name} ({when}): {rate:,.0f} msg/s\n    {cpu.summary(count)}", flush=True)
+
+    if jars is not None:
+        for k in readers:
+            rate, cpu = java_stream_consume(jars, stream_url, stream, count, k)
+            show(java_name(k), rate, cpu)
+    options, login = spc.connection(stream_url), spc.rstream_login(stream_url)
+    python_readers: list[tuple[str, Callable[[], Any]]] = [
+        ("StreamClient to records", lambda: spc.ours_read(options, count, rows=False, stream=stream)),
+        ("StreamClient to Arrow rows", lambda: spc.ours_read(options, count, rows=True, stream=stream)),
+        ("rstream raw", lambda: spc.rstream_read(*login, count, decode=False, stream=stream)),
+        ("rstream AMQP 1.0 decoded", lambda: spc.rstream_read(*login, count, decode=True, stream=stream)),
+    ]
+    for name, read in python_readers:
+        with CpuMeter() as cpu:
+            rate = asyncio.run(read())
+        show(name, rate, cpu)
+    return rates
+
+
+def java_name(readers: int) -> str:
+    return "Java stream client (1 consumer)" if readers == 1 else f"Java stream client ({readers} consumers)"
 
 
 # -- Spark ------------------------------------------------------------------------------
@@ -402,6 +518,34 @@ def batch_reads(spark, url: str, stream: str, filtered: str, args: argparse.Name
         )
 
 
+def report_protocol(
+    results: list[tuple[int, BatchLog, float, CpuMeter]], amqp: dict[int, float], before: dict[str, float], after: dict[str, float]
+) -> None:
+    """The source over the stream protocol against its AMQP 0-9-1 runs and the stream-protocol baselines (their means)."""
+    base = {name: (before[name] + after[name]) / 2 for name in before}
+    print("stream-protocol baselines (means of before and after): " + ", ".join(f"{n} {r:,.0f} msg/s" for n, r in base.items()))
+    one = None
+    for p, log, wall, cpu in results:
+        rate = log.rows / log.seconds
+        one = one or rate
+        versus = [f"{rate / amqp[p]:.2f}x the AMQP 0-9-1 source (numPartitions={p}, {amqp[p]:,.0f} msg/s)"]
+        versus += [f"{rate / r:.2f}x {n}" for n, r in base.items() if not n.startswith("Java") or n in (java_name(1), java_name(p))]
+        scaling = ""
+        if p != results[0][0]:
+            java = (
+                f", the Java client's {p} consumers {base[java_name(p)] / base[java_name(1)]:.2f}x its 1"
+                if java_name(p) in base and java_name(1) in base
+                else ""
+            )
+            scaling = f"; scaling: {rate / one:.2f}x numPartitions={results[0][0]}{java}"
+        print(
+            f"source over the stream protocol numPartitions={p} -> noop: {rate:,.0f} msg/s = " + ", ".join(versus) + scaling + " "
+            f"({len(log.batches)} batches, {log.seconds:.1f} s); incl. query start-up {log.rows / wall:,.0f} msg/s ({wall:.1f} s)"
+            f"\n    {cpu.summary(log.rows)}",
+            flush=True,
+        )
+
+
 # -- the run ----------------------------------------------------------------------------
 
 
@@ -416,6 +560,13 @@ def main() -> None:
     parser.add_argument("--max-per-trigger", type=int, default=250_000, help="maxMessagesPerTrigger (0: none, one batch per run)")
     parser.add_argument("--no-perftest", action="store_true", help="no PerfTest baseline; preload with pika")
     parser.add_argument("--perftest-jars", type=Path, default=PERFTEST_DIR)
+    parser.add_argument(
+        "--stream-url",
+        default=os.environ.get("AMQP_TEST_STREAM_URL"),
+        help="the same broker's rabbitmq-stream:// uri (default: AMQP_TEST_STREAM_URL): the source also reads over the stream protocol",
+    )
+    parser.add_argument("--no-stream-client", action="store_true", help="no Java stream client baseline (with --stream-url)")
+    parser.add_argument("--stream-client-jars", type=Path, default=STREAM_CLIENT_DIR)
     parser.add_argument("--skip-delta", action="store_true")
     parser.add_argument("--delta-messages", type=int, default=200_000)
     parser.add_argument("--delta-rate", type=int, default=5_000, help="msg/s the publisher adds during the Delta runs")
@@ -439,9 +590,18 @@ def main() -> None:
         jars = args.perftest_jars.resolve()
         if not any(jars.glob("perf-test-*.jar")):
             sys.exit(f"PerfTest's jars are not in {jars}: run `make perftest` (Maven), or pass --no-perftest")
+    stream_url: str | None = None if args.only_batch else args.stream_url or None
+    java: Path | None = None
+    if stream_url and not args.no_stream_client:
+        java = args.stream_client_jars.resolve()
+        if not (java / "classes" / f"{STREAM_CLIENT_MAIN}.class").exists():
+            sys.exit(f"the Java stream client is not in {java}: run `make streamclient` (Maven, javac), or pass --no-stream-client")
     partitions = [int(p) for p in args.partitions.split(",") if p]
     cores = args.cores or max(partitions)
     ack_every = max(1, args.prefetch // ACK_SHARE)  # the baselines give credit back as the source does
+    node = listening_pid(urllib.parse.urlsplit(url).port or 5672)
+    if node is not None:
+        BROKER_PIDS.add(node)
     stream = f"bench.stream.{os.getpid()}"
     warm = f"{stream}.warmup"
     delta_streams = [f"{stream}.delta.{i}" for i in range(2)]
@@ -455,7 +615,7 @@ def main() -> None:
         print(
             f"{args.messages:,} x {len(BODY)} B in stream '{stream}' on RabbitMQ ({producer}, confirms: {args.messages / seconds:,.0f} msg/s); "
             f"prefetch {args.prefetch}, ack every {ack_every}; Spark local[{cores}] on {os.cpu_count()} CPUs; "
-            f"maxMessagesPerTrigger={args.max_per_trigger or 'none'}",
+            f"maxMessagesPerTrigger={args.max_per_trigger or 'none'}; the node's beam.smp: pid {node or 'not found (every beam.smp counts)'}",
             flush=True,
         )
 
@@ -471,20 +631,31 @@ def main() -> None:
             return raw, perf
 
         before = baselines("before the Spark runs")
+        protocol_before = protocol_baselines(java, stream_url, stream, args.messages, partitions, "before") if stream_url else {}
 
         spark = spark_session("spark-amqp stream benchmark", f"local[{cores}]")
         declare_stream(url, warm)
         preload(url, warm, WARMUP_MESSAGES, jars)
         available_now(spark, url, warm, max(partitions), args, workdir)  # JVM and Python workers warm up; not measured
+        if stream_url:
+            available_now(spark, stream_url, warm, max(partitions), args, workdir)
         results = []
+        protocol_results = []
         for p in [] if args.only_batch else partitions:
             with CpuMeter() as cpu:
                 log, wall = available_now(spark, url, stream, p, args, workdir)
             assert log.rows == args.messages, f"numPartitions={p}: read {log.rows} of {args.messages}"
             results.append((p, log, wall, cpu))
             print(f"(source numPartitions={p} -> noop: {log.rows / log.seconds:,.0f} msg/s; ratios below)", flush=True)
+            if stream_url:
+                with CpuMeter() as cpu:
+                    log, wall = available_now(spark, stream_url, stream, p, args, workdir)
+                assert log.rows == args.messages, f"stream protocol, numPartitions={p}: read {log.rows} of {args.messages}"
+                protocol_results.append((p, log, wall, cpu))
+                print(f"(source over the stream protocol, numPartitions={p} -> noop: {log.rows / log.seconds:,.0f} msg/s)", flush=True)
 
         after = baselines("after the Spark runs")
+        protocol_after = protocol_baselines(java, stream_url, stream, args.messages, partitions, "after") if stream_url else {}
         raw = (before[0] + after[0]) / 2
         perf = (before[1] + after[1]) / 2 if before[1] is not None and after[1] is not None else None
         versus = f" and PerfTest {perf:,.0f} msg/s" if perf else ""
@@ -503,6 +674,9 @@ def main() -> None:
                 f"({wall:.1f} s) = {log.rows / wall / raw:.2f}x raw pika\n    {cpu.summary(log.rows)}",
                 flush=True,
             )
+        if stream_url:
+            amqp_rates = {p: log.rows / log.seconds for p, log, _, _ in results}
+            report_protocol(protocol_results, amqp_rates, protocol_before, protocol_after)
 
         if not args.skip_batch:
             batch_reads(spark, url, stream, filtered, args, raw, partitions)
