@@ -52,7 +52,7 @@ class ProtocolRangeReader(RangeReader):
         client = await StreamClient.connect(self.options.connection, f"spark-amqp stream reader {self.part.stream}")
         self.client = client
         client.on_metadata_update = self._on_metadata_update
-        client.closed.add_done_callback(self._on_closed)
+        client.closed.add_done_callback(lambda closed: self._on_closed(client, closed))
         self.maker = RowMaker(self.part.stream, Conversion.of(client.server_version))
         await self.access.require(client, self.options)
 
@@ -71,8 +71,8 @@ class ProtocolRangeReader(RangeReader):
         if client is not None and self.sub in client.subscriptions:
             await client.unsubscribe(self.sub)
 
-    def _on_closed(self, closed: Any) -> None:
-        if self.failure is None and not self.done:
+    def _on_closed(self, client: StreamClient, closed: Any) -> None:
+        if client is self.client and self.failure is None and not self.done:  # not one given up on in _resume
             self.failure = closed.result()
             self.arrived.set()
 
