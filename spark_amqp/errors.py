@@ -410,5 +410,7 @@ def _explain_stream_code(err: StreamResponseError, about: str, where: str, user:
     if err.code == 0x0C:
         return f"{where}: vhost '{vhost}' does not exist or user '{user}' may not use it ({err}); check the vhost at the end of the uri ('%2F' for '/')"
     if err.code == 0x10:
-        return f"{about}: user '{user}' is not allowed to do this ({err}); grant the user configure/write/read permissions on vhost '{vhost}'"
+        return (
+            f"{about}: user '{user}' is not allowed to do this ({err}); grant the user configure/write/read permissions on vhost '{vhost}'"
+        )
     return f"{about}: the broker refused it ({err})"
