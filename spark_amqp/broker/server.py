@@ -1,4 +1,9 @@
-"""The broker server and ``EmbeddedBroker``, which runs it on a thread of its own."""
+"""The broker server and ``EmbeddedBroker``, which runs it on a thread of its own.
+
+The broker listens for AMQP 0-9-1 and, on a port of its own, for RabbitMQ's stream
+protocol (``stream_port``); both serve the same vhost, so a stream declared over one is
+read and written over the other.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ import logging
 import threading
 import urllib.parse
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pamqp import commands
 
@@ -18,6 +23,9 @@ from .connection import BrokerConnection
 from .faults import Faults
 from .handshake import MODELLED_VERSION
 from .vhost import VirtualHost
+
+if TYPE_CHECKING:
+    from .stream_port import StreamConnection
 
 log = logging.getLogger("spark_amqp.broker")
 T = TypeVar("T")
@@ -50,7 +58,11 @@ class BrokerServer:
         self.faults = Faults()
         self.connections: set[BrokerConnection] = set()
         self.ended: list[tuple[str, str]] = []  # (client connection_name, how it ended)
+        self.stream_connections: set[StreamConnection] = set()
+        self.stream_port = 0
+        self.advertised_host = "localhost"  # the stream protocol's metadata names it as the leader of every stream
         self._server: asyncio.base_events.Server | None = None
+        self._stream_server: asyncio.base_events.Server | None = None
         self._timeout_task: asyncio.Task[None] | None = None
 
     def authenticate(self, user: str, password: str) -> bool:
@@ -67,15 +79,31 @@ class BrokerServer:
         self._timeout_task = self.loop.create_task(self._consumer_timeout_loop())
         return int(self._server.sockets[0].getsockname()[1])
 
+    async def start_stream(self, host: str, port: int) -> int:
+        """Listen for the stream protocol too; the port (the one given, or the one picked for 0)."""
+        from .stream_port import StreamConnection
+
+        def new_connection() -> asyncio.Protocol:
+            return _Refuser() if self.loop.time() < self.faults.refuse_until else StreamConnection(self)
+
+        self._stream_server = await self.loop.create_server(new_connection, host, port, reuse_address=True, backlog=256)
+        self.stream_port = int(self._stream_server.sockets[0].getsockname()[1])
+        self.advertised_host = host if host not in ("", "0.0.0.0", "::") else "localhost"
+        return self.stream_port
+
     async def stop(self) -> None:
         if self._timeout_task is not None:
             self._timeout_task.cancel()
-        if self._server is not None:
-            self._server.close()
+        for listener in (self._server, self._stream_server):
+            if listener is not None:
+                listener.close()
         for conn in list(self.connections):
             conn.drop()
-        if self._server is not None:
-            await self._server.wait_closed()
+        for stream_conn in list(self.stream_connections):
+            stream_conn.drop()
+        for listener in (self._server, self._stream_server):
+            if listener is not None:
+                await listener.wait_closed()
 
     async def _consumer_timeout_loop(self) -> None:
         while True:
@@ -95,10 +123,11 @@ class _Refuser(asyncio.Protocol):
 
 
 class EmbeddedBroker:
-    """An in-memory AMQP 0-9-1 broker on its own event-loop thread.
+    """An in-memory AMQP 0-9-1 broker on its own event-loop thread, with RabbitMQ's stream protocol.
 
     >>> with EmbeddedBroker() as broker:
     ...     url = broker.url   # amqp://guest:guest@127.0.0.1:<port>/%2F
+    ...     streams = broker.stream_url   # rabbitmq-stream://guest:guest@127.0.0.1:<stream port>/%2F
 
     Nothing is persisted: durable queues and persistent messages live only as
     long as the broker object.
@@ -114,11 +143,14 @@ class EmbeddedBroker:
         consumer_timeout_ms: int | None = DEFAULT_CONSUMER_TIMEOUT_MS,
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
         denied_features: tuple[str, ...] = (),
+        stream_port: int = 0,
     ) -> None:
         """``denied_features``: deprecated features refused as an operator of RabbitMQ 4.x can deny them
-        (``transient_nonexcl_queues``); ``global_qos`` is always denied, as on 4.3."""
+        (``transient_nonexcl_queues``); ``global_qos`` is always denied, as on 4.3. ``stream_port``:
+        where the stream protocol listens (0: a free port, read back from ``stream_port``)."""
         self.host = host
         self.port = port
+        self.stream_port = stream_port
         self._user = user
         self._password = password
         self._settings = dict(
@@ -146,6 +178,7 @@ class EmbeddedBroker:
             try:
                 self._server = BrokerServer(loop, self._user, self._password, **self._settings)  # type: ignore[arg-type]
                 self.port = loop.run_until_complete(self._server.start(self.host, self.port))
+                self.stream_port = loop.run_until_complete(self._server.start_stream(self.host, self.stream_port))
             except BaseException as err:  # reported to the starting thread
                 failure.append(err)
                 ready.set()
@@ -185,6 +218,13 @@ class EmbeddedBroker:
         password = urllib.parse.quote(self._password, safe="")
         return f"amqp://{user}:{password}@{self.host}:{self.port}/%2F"
 
+    @property
+    def stream_url(self) -> str:
+        """The stream protocol's url (``rabbitmq-stream://``), as ``url`` is AMQP 0-9-1's."""
+        user = urllib.parse.quote(self._user, safe="")
+        password = urllib.parse.quote(self._password, safe="")
+        return f"rabbitmq-stream://{user}:{password}@{self.host}:{self.stream_port}/%2F"
+
     def call(self, fn: Callable[[BrokerServer], T], timeout: float = 10.0) -> T:
         """Run ``fn(server)`` on the broker's loop and return its result."""
         if self._loop is None or self._server is None:
@@ -215,6 +255,10 @@ class EmbeddedBroker:
 
     def connection_count(self) -> int:
         return self.call(lambda s: len(s.connections))
+
+    def stream_connection_count(self) -> int:
+        """Open stream-protocol connections (``connection_count`` counts AMQP 0-9-1 ones)."""
+        return self.call(lambda s: len(s.stream_connections))
 
     def ended_connections(self) -> list[tuple[str, str]]:
         """(client connection_name, "closed by client" or "lost") for every connection that ended."""
@@ -267,11 +311,13 @@ class EmbeddedBroker:
         self.call(apply)
 
     def drop_connections(self, count: int | None = None, name_contains: str | None = None) -> int:
-        """Abruptly cut ``count`` client connections (all when None), optionally only those whose
-        client-provided ``connection_name`` contains ``name_contains``; returns how many."""
+        """Abruptly cut ``count`` client connections (all when None), AMQP 0-9-1 ones first, then stream-protocol
+        ones, optionally only those whose client-provided ``connection_name`` contains ``name_contains``; returns how many."""
 
         def apply(s: BrokerServer) -> int:
-            victims = sorted((c for c in s.connections if name_contains is None or name_contains in c.client_name), key=id)
+            amqp = sorted((c for c in s.connections if name_contains is None or name_contains in c.client_name), key=id)
+            streams = sorted((c for c in s.stream_connections if name_contains is None or name_contains in c.client_name), key=id)
+            victims: list[Any] = [*amqp, *streams]
             victims = victims if count is None else victims[:count]
             for conn in victims:
                 conn.drop()
@@ -313,7 +359,7 @@ class EmbeddedBroker:
         self.call(apply)
 
     def refuse_connections(self, seconds: float) -> None:
-        """New connections are accepted and closed at once for ``seconds``."""
+        """New connections (either protocol) are accepted and closed at once for ``seconds``."""
 
         def apply(s: BrokerServer) -> None:
             s.faults.refuse_until = s.loop.time() + seconds

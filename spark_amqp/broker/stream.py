@@ -11,45 +11,32 @@ A consumer reads from its own position, one message per unit of credit (prefetch
 minus unacked), as RabbitMQ 4.x does (3.10 sent a chunk whole whatever the
 credit). Acks, nacks and rejects only give credit back. Every refusal carries
 RabbitMQ's reply code and text (see tests/broker/test_streams.py).
+
+The same log serves the stream protocol (``stream_port``): its publishes are records
+of their own (``stream_records.NativeRecord``), its subscribers read whole chunks
+(``Chunk.osiris``) and are woken with the AMQP 0-9-1 consumers; ``store_offset``
+writes a tracking chunk, which takes an offset as the segments' tracking chunks do.
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
-import datetime
-import re
 import struct
 import time
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from .. import errors
+from ..stream_protocol import chunks as osiris
 from .message import Message, with_header_entries
+from .stream_args import StreamArguments, start_spec, where
 from .stream_filter import ChunkFilter, ConsumerFilter, chunk_filter, consumer_filter
+from .stream_records import NativeRecord, Record, amqp10_bytes, record_size, with_delivery_mode
 
 if TYPE_CHECKING:
     from .consumer import Consumer
     from .queue import Queue
 
-# Arguments RabbitMQ 3.10 knows for other queue types and refuses on a stream.
-KNOWN_ARGUMENTS = (
-    "x-expires",
-    "x-message-ttl",
-    "x-dead-letter-exchange",
-    "x-dead-letter-routing-key",
-    "x-max-length",
-    "x-max-in-memory-length",
-    "x-max-in-memory-bytes",
-    "x-max-priority",
-    "x-overflow",
-    "x-queue-mode",
-    "x-queue-version",
-    "x-single-active-consumer",
-    "x-delivery-limit",
-    "x-quorum-initial-group-size",
-)
-LEADER_LOCATORS = ("client-local", "balanced", "random", "least-leaders")
-DEFAULT_SEGMENT_BYTES = 500_000_000  # RabbitMQ's default segment size
 # RabbitMQ's writer batches what is in its mailbox; chunks of a few hundred small
 # messages were seen from a fast publisher. Capping keeps a burst from one read from
 # turning into one huge chunk.
@@ -60,8 +47,6 @@ MAX_CHUNK_RECORDS = 256
 CHUNK_OVERHEAD = 64
 RECORD_OVERHEAD = 96
 TRACKING_CHUNK_SIZE = 64
-_AGE_UNITS_MS = {"Y": 365 * 86_400_000, "M": 30 * 86_400_000, "D": 86_400_000, "h": 3_600_000, "m": 60_000, "s": 1000}
-_AGE = re.compile(r"^([0-9]*)(.*)$", re.DOTALL)
 _OFFSET_KEY = struct.Struct(">q")
 
 
@@ -70,116 +55,37 @@ def is_stream(arguments: dict[str, Any]) -> bool:
     return kind in ("stream", b"stream")
 
 
-def _where(name: str) -> str:
-    return f"queue '{name}' in vhost '/'"
+class Subscriber(Protocol):
+    """A stream-protocol subscription: woken whenever a chunk is written."""
+
+    def wake(self) -> None: ...
 
 
-def internal_error() -> errors.AmqpReplyError:
-    # RabbitMQ crashes on an x-stream-offset of a type it does not expect: a bare 541 closes the connection.
-    err = errors.InternalError("internal error")
-    err.text = "INTERNAL_ERROR"
-    return err
+class Watcher(Protocol):
+    """A stream-protocol connection that publishes to or reads the stream: told when it is deleted."""
 
-
-def age_ms(value: str) -> int | None:
-    """An age such as ``10s``, ``1m`` (minute), ``1M`` (month), ``2D``, ``1Y`` in ms; None if invalid (406).
-
-    RabbitMQ 3.10 and 4.0 crashed (541) on one with no leading digits; 4.3 refuses it with 406."""
-    digits, unit = _AGE.match(value).groups()  # type: ignore[union-attr]
-    if not digits or unit not in _AGE_UNITS_MS or int(digits) == 0:
-        return None
-    return int(digits) * _AGE_UNITS_MS[unit]
-
-
-def _type_name(value: Any) -> str:
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "signedint"
-    if isinstance(value, bytes):
-        return "binary"
-    if isinstance(value, str):
-        return "longstr"
-    return type(value).__name__
-
-
-class StreamArguments:
-    """A stream's declare arguments and properties, refused as RabbitMQ 3.10 refuses them."""
-
-    def __init__(self, name: str, args: dict[str, Any], durable: bool, exclusive: bool, auto_delete: bool) -> None:
-        where = _where(name)
-        self.max_bytes = self._size(where, args, "x-max-length-bytes")
-        self.segment_bytes = self._size(where, args, "x-stream-max-segment-size-bytes") or DEFAULT_SEGMENT_BYTES
-        self.max_age_ms: int | None = None
-        if "x-max-age" in args:
-            value = args["x-max-age"]
-            if not isinstance(value, str):
-                raise errors.PreconditionFailed(f"invalid arg 'x-max-age' for {where}: {{unacceptable_type,{_type_name(value)}}}")
-            self.max_age_ms = age_ms(value)
-            if self.max_age_ms is None:
-                raise errors.PreconditionFailed(f"invalid arg 'x-max-age' for {where}: invalid_max_age")
-        if "x-initial-cluster-size" in args and args["x-initial-cluster-size"] == 0:
-            raise errors.PreconditionFailed(f"invalid arg 'x-initial-cluster-size' for {where}: {{value_zero,0}}")
-        locator = args.get("x-queue-leader-locator")
-        if locator is not None and locator not in LEADER_LOCATORS:
-            raise errors.PreconditionFailed(f"invalid arg 'x-queue-leader-locator' for {where}: invalid_queue_locator_arg")
-        # Observed order: auto-delete, then exclusive, then non-durable.
-        for refused, prop in ((auto_delete, "auto-delete"), (exclusive, "exclusive-owner"), (not durable, "non-durable")):
-            if refused:
-                raise errors.PreconditionFailed(f"invalid property '{prop}' for {where}")
-        for key in KNOWN_ARGUMENTS:
-            if key in args:
-                raise errors.PreconditionFailed(f"invalid arg '{key}' for {where} of queue type rabbit_stream_queue")
-
-    @staticmethod
-    def _size(where: str, args: dict[str, Any], key: str) -> int | None:
-        if key not in args:
-            return None
-        value = args[key]
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise errors.PreconditionFailed(f"invalid arg '{key}' for {where}: \"expected integer, got {_type_name(value)}\"")
-        if value < 0:
-            raise errors.PreconditionFailed(f"invalid arg '{key}' for {where}: {{value_negative,{value}}}")
-        return value
-
-
-def start_spec(name: str, value: Any) -> tuple[str, int]:
-    """Where a consumer starts, from its ``x-stream-offset``: (kind, value), kind one of
-    first / last / next / offset / timestamp (ms)."""
-    if value is None:
-        return ("next", 0)
-    if isinstance(value, bytes | bytearray):
-        value = bytes(value).decode("utf-8", "replace")
-    if isinstance(value, bool):
-        raise internal_error()
-    if isinstance(value, int):
-        return ("offset", value)
-    if isinstance(value, datetime.datetime):
-        return ("timestamp", int(value.timestamp()) * 1000)
-    if isinstance(value, str):
-        if value in ("first", "last", "next"):
-            return (value, 0)
-        interval = age_ms(value)
-        if interval is not None:
-            return ("timestamp", int(time.time() * 1000) - interval)
-        raise errors.PreconditionFailed(
-            f"invalid arg 'x-stream-offset' for {_where(name)}: {{invalid_stream_offset_arg,{{longstr,<<\"{value}\">>}}}}"
-        )
-    raise internal_error()
+    def stream_gone(self, queue: StreamQueue) -> None: ...
 
 
 class Chunk:
-    __slots__ = ("filter", "first", "records", "timestamp_ms")
+    __slots__ = ("filter", "first", "records", "timestamp_ms", "wire")
 
-    def __init__(self, first: int, timestamp_ms: int, records: list[Message]) -> None:
+    def __init__(self, first: int, timestamp_ms: int, records: list[Record]) -> None:
         self.first = first
         self.timestamp_ms = timestamp_ms
         self.records = records
         self.filter: ChunkFilter = chunk_filter(records)
+        self.wire: bytes | None = None
 
     @property
     def next(self) -> int:
         return self.first + len(self.records)
+
+    def osiris(self) -> bytes:
+        """The chunk as a stream-protocol reader gets it (osiris' layout, AMQP 1.0 records), built on its first read."""
+        if self.wire is None:
+            self.wire = osiris.build(self.first, [amqp10_bytes(r) for r in self.records], self.timestamp_ms)
+        return self.wire
 
 
 class Segment:
@@ -214,8 +120,13 @@ class StreamQueue:
         self.chunks: list[Chunk] = []
         self._firsts: list[int] = []  # chunk first offsets, for bisect
         self.segments: list[Segment] = []
-        self._open: list[Message] = []
+        self._open: list[Record] = []
         self._seal_handle: asyncio.Handle | None = None
+        self.readers: list[Subscriber] = []
+        self.watchers: set[Watcher] = set()
+        self.writer_sequences: dict[str, int] = {}  # the highest publishing id stored, by publisher reference
+        self.tracked_offsets: dict[str, int] = {}  # store_offset's, by reference
+        self.last_chunk_id = -1  # tracking chunks included
 
     # -- what the vhost and channels ask of any queue -------------------------
 
@@ -235,10 +146,10 @@ class StreamQueue:
         return 0  # RabbitMQ 3.10 does not count stream consumers in declare-ok
 
     def get(self) -> Message | None:
-        raise errors.NotImplemented_(f"basic.get not supported by stream queues {_where(self.name)}")
+        raise errors.NotImplemented_(f"basic.get not supported by stream queues {where(self.name)}")
 
     def purge(self) -> int:
-        raise errors.NotImplemented_(f"queue.purge not supported by stream queues {_where(self.name)}")
+        raise errors.NotImplemented_(f"queue.purge not supported by stream queues {where(self.name)}")
 
     def requeue(self, messages: Any, counted: bool = True) -> None:
         """Returned deliveries (a closed channel, a nack): nothing to give back, the log keeps them."""
@@ -258,13 +169,17 @@ class StreamQueue:
         for consumer in list(self.consumers):
             consumer.cancelled_by_server()
         self.consumers.clear()
+        self.readers.clear()
+        for watcher in list(self.watchers):
+            watcher.stream_gone(self)
+        self.watchers.clear()
         return 0
 
     def equivalent(self, durable: bool, exclusive: bool, auto_delete: bool, arguments: dict[str, Any]) -> str | None:
         from .queue import _b, inequivalent
 
         if durable != self.durable:
-            return f"inequivalent arg 'durable' for {_where(self.name)}: received '{_b(durable)}' but current is '{_b(self.durable)}'"
+            return f"inequivalent arg 'durable' for {where(self.name)}: received '{_b(durable)}' but current is '{_b(self.durable)}'"
         for key in ("x-max-length-bytes", "x-queue-type", "x-max-age", "x-stream-max-segment-size-bytes"):  # RabbitMQ's order
             mine, theirs = self.arguments.get(key), arguments.get(key)
             if mine != theirs:
@@ -273,7 +188,7 @@ class StreamQueue:
 
     # -- writing -------------------------------------------------------------
 
-    def publish(self, message: Message, now: float) -> bool:
+    def publish(self, message: Record, now: float) -> bool:
         self._open.append(message)
         if len(self._open) >= MAX_CHUNK_RECORDS:
             self._seal()
@@ -289,7 +204,7 @@ class StreamQueue:
         if not records or self.deleted:
             return
         now_ms = int(time.time() * 1000)
-        size = CHUNK_OVERHEAD + sum(RECORD_OVERHEAD + len(m.header) + len(m.body) for m in records)
+        size = CHUNK_OVERHEAD + sum(RECORD_OVERHEAD + record_size(m) for m in records)
         if not self.segments:
             self.segments.append(Segment(self.next_offset, 0, now_ms))
         elif self.segments[-1].size >= self.args.segment_bytes:
@@ -298,17 +213,38 @@ class StreamQueue:
             self._retain(now_ms)
         first = self.next_offset
         for i, message in enumerate(records):
+            if isinstance(message, NativeRecord):
+                message.offset = first + i
+                continue
             # RabbitMQ stores stream messages as AMQP 1.0; headers come back sorted by key.
             offset = {"x-stream-offset": b"l" + _OFFSET_KEY.pack(first + i)}
-            message.header = with_header_entries(message.header, offset, sort_keys=True)
+            message.header = with_delivery_mode(with_header_entries(message.header, offset, sort_keys=True))
         self.chunks.append(Chunk(first, now_ms, records))
         self._firsts.append(first)
         self.next_offset = first + len(records)
+        self.last_chunk_id = first
         segment = self.segments[-1]
         segment.size += size
         segment.chunks += 1
         segment.newest_ms = now_ms
         self.dispatch()
+
+    def store_offset(self, reference: str, offset: int) -> None:
+        """A tracking chunk: it takes one offset no reader sees, as RabbitMQ's does."""
+        self._seal()
+        if not self.segments:
+            self.segments.append(Segment(self.next_offset, 0, int(time.time() * 1000)))
+        self.tracked_offsets[reference] = offset
+        self.last_chunk_id = self.next_offset
+        self.next_offset += 1
+        self.segments[-1].size += TRACKING_CHUNK_SIZE
+
+    def stats(self) -> dict[str, int]:
+        """stream_stats as RabbitMQ 4.3 answers it: chunk ids are first offsets, -1 while there is no chunk."""
+        if self.last_chunk_id < 0:
+            return dict.fromkeys(("committed_chunk_id", "committed_offset", "first_chunk_id", "last_chunk_id"), -1)
+        last = self.last_chunk_id
+        return {"committed_chunk_id": last, "committed_offset": self.next_offset - 1, "first_chunk_id": self.head, "last_chunk_id": last}
 
     def _retain(self, now_ms: int) -> None:
         """Drop whole segments from the head, never the one being written."""
@@ -331,11 +267,11 @@ class StreamQueue:
         """RabbitMQ's checks, in its order; the consumer's start and filter on success."""
         kind, value = start_spec(self.name, arguments.get("x-stream-offset"))
         if "x-priority" in arguments:
-            raise errors.PreconditionFailed(f"invalid arg 'x-priority' for {_where(self.name)} of queue type rabbit_stream_queue")
+            raise errors.PreconditionFailed(f"invalid arg 'x-priority' for {where(self.name)} of queue type rabbit_stream_queue")
         if not prefetch:
-            raise errors.PreconditionFailed(f"consumer prefetch count is not set for stream {_where(self.name)}")
+            raise errors.PreconditionFailed(f"consumer prefetch count is not set for stream {where(self.name)}")
         if no_ack:
-            raise errors.NotImplemented_(f"automatic acknowledgement not supported by stream {_where(self.name)}")
+            raise errors.NotImplemented_(f"automatic acknowledgement not supported by stream {where(self.name)}")
         return kind, value, consumer_filter(arguments)
 
     def add_consumer(self, consumer: Consumer, spec: tuple[str, int, ConsumerFilter | None] = ("next", 0, None)) -> None:
@@ -362,9 +298,32 @@ class StreamQueue:
                     return chunk.first
         return self.next_offset
 
+    def reader_start(self, kind: str, value: int) -> int:
+        """Where a stream-protocol subscription starts; an offset past the end waits for the next chunk."""
+        start = self._start((kind, value))
+        return min(start, self.next_offset) if kind == "offset" else start
+
+    def chunk_from(self, position: int, wanted: ConsumerFilter | None) -> tuple[Chunk | None, int]:
+        """The chunk a stream-protocol reader at ``position`` gets next (the one holding that offset, or
+        the first after it its filter passes), and the reader's position past the chunks it skipped."""
+        chunks = self.chunks
+        position = max(position, self.head)
+        i = max(bisect.bisect_right(self._firsts, position) - 1, 0)
+        while i < len(chunks):
+            chunk = chunks[i]
+            i += 1
+            if chunk.next <= position:
+                continue
+            if wanted is None or wanted.passes(chunk.filter):
+                return chunk, position
+            position = chunk.next
+        return None, position
+
     def dispatch(self) -> None:
         for consumer in list(self.consumers):
             self._feed(consumer)
+        for reader in list(self.readers):
+            reader.wake()
 
     def _feed(self, consumer: Consumer) -> None:
         chunks = self.chunks
@@ -385,5 +344,12 @@ class StreamQueue:
                 if not consumer.can_take():
                     consumer.position = chunk.first + index
                     return
-                consumer.deliver(as_queue, chunk.records[index])
+                record = chunk.records[index]
+                if isinstance(record, NativeRecord):
+                    try:
+                        record = record.message(self.name)
+                    except errors.AmqpReplyError as err:  # RabbitMQ's reader crashes on it: 541 for the connection
+                        consumer.channel.connection.close_with(err)
+                        return
+                consumer.deliver(as_queue, record)
             consumer.position = chunk.next

@@ -7,6 +7,10 @@ chunk whole when the filter may hold one of its values, so it gets other values
 too, and now and then a chunk that holds none of them: a client must filter
 rows itself. A filter that is neither a string nor a list of strings is
 ignored, as RabbitMQ 4.x ignores it.
+
+A stream-protocol publisher names a message's filter value in its publish (version 2)
+rather than in the message, and a stream-protocol subscriber gives its values as
+``filter.<anything>`` properties (``protocol_filter``); both meet the same chunk filters.
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ from collections.abc import Iterable
 from typing import Any, cast
 
 from .message import Message
+from .stream_records import Record
 
-__all__ = ["BLOOM_BITS", "ChunkFilter", "ConsumerFilter", "bloom_bits", "chunk_filter", "consumer_filter"]
+__all__ = ["BLOOM_BITS", "ChunkFilter", "ConsumerFilter", "bloom_bits", "chunk_filter", "consumer_filter", "protocol_filter"]
 
 BLOOM_BITS = 16 * 8
 _HEADER = "x-stream-filter-value"
@@ -37,10 +42,13 @@ class ChunkFilter:
         self.unfiltered = unfiltered  # a message without a filter value
 
 
-def chunk_filter(records: Iterable[Message]) -> ChunkFilter:
+def chunk_filter(records: Iterable[Record]) -> ChunkFilter:
     bloom, unfiltered = 0, False
     for message in records:
-        value = _text(message.headers().get(_HEADER)) if _HEADER_BYTES in message.header else None
+        if isinstance(message, Message):
+            value = _text(message.headers().get(_HEADER)) if _HEADER_BYTES in message.header else None
+        else:
+            value = message.filter_value
         if value is not None:
             bloom |= bloom_bits(value)
         else:
@@ -67,6 +75,12 @@ def consumer_filter(arguments: dict[str, Any]) -> ConsumerFilter | None:
     if None in texts:
         return None
     return ConsumerFilter(cast("list[str]", texts), arguments.get("x-stream-match-unfiltered") is True)
+
+
+def protocol_filter(properties: dict[str, str]) -> ConsumerFilter | None:
+    """A stream-protocol subscription's filter: ``filter.*`` values, and ``match-unfiltered`` when "true"."""
+    values = [value for key, value in properties.items() if key.startswith("filter.")]
+    return ConsumerFilter(values, properties.get("match-unfiltered") == "true") if values else None
 
 
 def _text(value: Any) -> str | None:

@@ -2,7 +2,8 @@
 
 ``AMQP_TEST_STREAM_BROKERS`` lists them as ``tools/rabbitmq stream-urls`` prints them
 (``3.10=rabbitmq-stream://… 4.3=…``), named as in ``AMQP_TEST_BROKERS`` so that a test can
-also reach the same node over AMQP 0-9-1.
+also reach the same node over AMQP 0-9-1. The embedded broker serves the stream protocol
+too, and every test runs on it as well: it must answer as the RabbitMQ line it models.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from spark_amqp.broker import EmbeddedBroker
 from spark_amqp.option_reader import OptionReader
 from spark_amqp.options import ConnectionOptions, parse_connection
 from tests.brokers import REAL
@@ -25,11 +27,13 @@ def stream_options(url: str, **extra: str) -> ConnectionOptions:
     return parse_connection(OptionReader({"uri": url, "connectionTimeout": "20", **extra}, known), stream_protocol=True)
 
 
-@pytest.fixture(params=sorted(STREAM_BROKERS) or ["none"])
+@pytest.fixture(params=["embedded", *sorted(STREAM_BROKERS)])
 def stream_node(request: pytest.FixtureRequest) -> tuple[str, str, str]:
-    """(name, stream-protocol url, AMQP 0-9-1 url) of one real node."""
-    if request.param == "none":
-        pytest.skip("AMQP_TEST_STREAM_BROKERS names no RabbitMQ with the stream protocol")
+    """(name, stream-protocol url, AMQP 0-9-1 url) of the embedded broker (which answers as RabbitMQ 4.3)
+    or of one real node."""
+    if request.param == "embedded":
+        broker: EmbeddedBroker = request.getfixturevalue("shared_embedded")
+        return "embedded", broker.stream_url, broker.url
     amqp = {b.name: b.url for b in REAL}.get(request.param)
     if amqp is None:
         pytest.skip(f"{request.param} is not in AMQP_TEST_BROKERS")
