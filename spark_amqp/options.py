@@ -101,6 +101,19 @@ class SinkOptions:
     super_stream: str | None = None
     # the column whose value each message carries as x-stream-filter-value (stream filtering)
     filter_value_column: str = "filter_value"
+    # rabbitmq-stream:// uris (the stream protocol): the stream to write to (else super_stream), and
+    # whether each task publishes under producer names the broker deduplicates by (sink/producers.py)
+    stream: str | None = None
+    deduplication: bool = True
+
+    @property
+    def target(self) -> str:
+        """What the sink writes to, for errors: the stream, super stream or exchange."""
+        if self.super_stream is not None:
+            return f"super stream '{self.super_stream}'"
+        if self.stream is not None:
+            return f"stream '{self.stream}'"
+        return f"exchange '{self.exchange}'"
 
 
 # key (lower case) -> documented spelling
@@ -135,6 +148,8 @@ SINK_KEYS = CONNECTION_KEYS | {
         "bindingKey",
         "superStream",
         "filterValueColumn",
+        "stream",
+        "deduplication",
     )
 }
 
@@ -226,9 +241,23 @@ MAX_MESSAGE_SIZE_4X = 16_777_216
 EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
 
 
+# Options that only mean something when publishing over AMQP 0-9-1 (an exchange routes each message).
+AMQP_ONLY_SINK_KEYS = (
+    "exchange",
+    "mandatory",
+    "declareExchange",
+    "exchangeType",
+    "exchangeDurable",
+    "declareQueue",
+    "queueArguments",
+    "bindingKey",
+)
+
+
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     r = OptionReader(options, SINK_KEYS)
-    connection = parse_connection(r)
+    connection = parse_connection(r, stream_protocol=True)
+    stream, deduplication = _stream_target(r, connection.stream_protocol)
     exchange = r.text("exchange", "") or ""
     routing_key = r.text("routingKey")
     if routing_key is not None and len(routing_key.encode("utf-8")) > 255:
@@ -273,7 +302,37 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         binding_key=r.text("bindingKey", "") or "",
         super_stream=super_stream,
         filter_value_column=filter_value_column,
+        stream=stream,
+        deduplication=deduplication,
     )
+
+
+def _stream_target(r: OptionReader, stream_protocol: bool) -> tuple[str | None, bool]:
+    """Option ``stream`` and ``deduplication``: only with a rabbitmq-stream:// uri, which takes no exchange options."""
+    if not stream_protocol:
+        for key in ("stream", "deduplication"):
+            if r.text(key) is not None:
+                raise AmqpOptionError(
+                    f"option '{key}' needs a rabbitmq-stream:// uri (publishing over RabbitMQ's stream protocol); over AMQP "
+                    "0-9-1 write to a stream with option routingKey=<stream name>"
+                )
+        return None, True
+    for key in AMQP_ONLY_SINK_KEYS:
+        if r.text(key) is not None:
+            raise AmqpOptionError(
+                f"option '{key}' does not apply to a rabbitmq-stream:// uri: the stream protocol writes to a stream (option "
+                "'stream') or a super stream (option 'superStream') directly, with no exchange in between"
+            )
+    stream = r.text("stream")
+    if stream is not None:
+        stream = stream.strip()
+        if not stream:
+            raise AmqpOptionError("option 'stream' is empty: give the name of the stream to write to")
+        if r.text("superStream") is not None:
+            raise AmqpOptionError("options 'stream' and 'superStream' exclude each other: give one")
+    elif r.text("superStream") is None:
+        raise AmqpOptionError("a rabbitmq-stream:// uri needs option 'stream' (the stream to write to) or 'superStream'")
+    return stream, r.boolean("deduplication", True)
 
 
 def _super_stream(r: OptionReader) -> str | None:

@@ -33,6 +33,7 @@ from ..streams.filtering import FILTER_VALUE_HEADER
 from .routing import partition_of
 
 SOURCE_ONLY_COLUMNS = ("queue", "delivery_tag", "redelivered", "raw_header", "offset")
+PUBLISHING_ID = "publishing_id"  # stream protocol: the row's own deduplication id (sink/producers.py)
 # Encoded exchange names and routing keys kept between batches. Keys can be unique per row (a
 # consistent-hash exchange keyed by order id: 174 MiB per million), so the cache starts over past this.
 SHORTSTR_CACHE_MAX = 10_000
@@ -42,7 +43,8 @@ HEADER_VALUE_TYPES = ("string", "binary", "boolean", "byte", "short", "integer",
 
 def accepted(options: SinkOptions) -> tuple[str, ...]:
     routed = ("partition_key",) if options.super_stream else ()
-    return (*ACCEPTED, options.filter_value_column.lower(), *routed)
+    own_ids = (PUBLISHING_ID,) if options.connection.stream_protocol else ()
+    return (*ACCEPTED, options.filter_value_column.lower(), *routed, *own_ids)
 
 
 def check_schema(schema: Any, options: SinkOptions) -> None:
@@ -77,9 +79,11 @@ def check_schema(schema: Any, options: SinkOptions) -> None:
     for name in ("routing_key", "exchange", "partition_key", options.filter_value_column.lower(), *STRING_PROPERTY_COLUMNS):
         if name in fields and kind(name) != "string":
             raise AmqpOptionError(f"column '{name}' must be a string, not {fields[name].dataType.simpleString()}")
-    for name in INT_PROPERTY_COLUMNS:
+    for name in (*INT_PROPERTY_COLUMNS, PUBLISHING_ID):
         if name in fields and kind(name) not in ("byte", "short", "integer", "long"):
             raise AmqpOptionError(f"column '{name}' must be an integer, not {fields[name].dataType.simpleString()}")
+    if PUBLISHING_ID in fields and not options.deduplication:
+        raise AmqpOptionError(f"column '{PUBLISHING_ID}' sets the ids the broker deduplicates by: it needs deduplication=true")
     if "timestamp" in fields and kind("timestamp") not in ("timestamp", "timestamp_ntz", "long", "integer"):
         raise AmqpOptionError(f"column 'timestamp' must be a timestamp or epoch seconds, not {fields['timestamp'].dataType.simpleString()}")
     if "headers" in fields:
@@ -123,7 +127,7 @@ class MessageBuilder:
         self._shortstr_cache: dict[str, bytes] = {}
         self.filter_column = options.filter_value_column.lower()
         self.partitions: tuple[bytes, ...] = ()  # a super stream's partitions (encoded names), once found
-        self._routes: dict[str, bytes] = {}
+        self._routes: dict[str, int] = {}
         constant = commands.Basic.Properties(delivery_mode=2 if options.persistent else None)
         self._constant_props = header.ContentHeader(0, 0, constant).marshal()[12:]
 
@@ -139,9 +143,14 @@ class MessageBuilder:
 
     def _routed(self, columns: dict[str, pa.Array], n: int) -> list[bytes]:
         """Per row, the partition (its encoded name: published through the default exchange) its key picks."""
+        partitions = self.partitions
+        return [partitions[i] for i in self._partition_indexes(columns, n)]
+
+    def _partition_indexes(self, columns: dict[str, pa.Array], n: int) -> list[int]:
+        """Per row, the index of the super stream partition its key picks."""
         name = "partition_key" if "partition_key" in columns else "routing_key"
         keys = self._names(columns.get(name), n, self.default_key, name)
-        routes, partitions = self._routes, self.partitions
+        routes, count = self._routes, len(self.partitions)
         if len(routes) > SHORTSTR_CACHE_MAX:
             routes.clear()
         out = []
@@ -150,24 +159,14 @@ class MessageBuilder:
                 raise self._bad(name, i, None, f"a row needs a key to pick its partition of super stream '{self.options.super_stream}'")
             route = routes.get(key)
             if route is None:
-                route = routes[key] = partitions[partition_of(key, len(partitions))]
+                route = routes[key] = partition_of(key, count)
             out.append(route)
         return out
 
     def messages(self, batch: pa.RecordBatch) -> Iterator[Outgoing]:
         columns = {name.lower(): batch.column(i) for i, name in enumerate(batch.schema.names)}
         n = batch.num_rows
-        body_col = columns["body"]
-        if body_col.null_count:
-            row = body_col.is_null().to_pylist().index(True)
-            raise self._bad("body", row, None, "every message needs a body (use an empty string)")
-        bodies = body_col.to_pylist()
-        if pa.types.is_string(body_col.type) or pa.types.is_large_string(body_col.type):
-            bodies = [b.encode("utf-8") for b in bodies]
-        limit = self.max_message_size
-        for i, body in enumerate(bodies):
-            if len(body) > limit:
-                raise self._bad("body", i, body, f"{len(body)} bytes is larger than the broker accepts ({self._limit_said})")
+        bodies = self._bodies(columns)
         routed = self._routed(columns, n) if self.options.super_stream else None
         keys = self._names(columns.get("routing_key"), n, self.default_key or "", "routing_key") if routed is None else []
         exchanges = self._names(columns.get("exchange"), n, None, "exchange")
@@ -192,6 +191,21 @@ class MessageBuilder:
             prop_bytes = self._constant_props if props is None else props[i]
             yield Outgoing(exchange, key_bytes, struct.pack(">HHQ", 60, 0, len(body)) + prop_bytes, body)
 
+    def _bodies(self, columns: dict[str, pa.Array]) -> list[bytes]:
+        """The batch's bodies as bytes, each checked: not null, not over the size limit."""
+        body_col = columns["body"]
+        if body_col.null_count:
+            row = body_col.is_null().to_pylist().index(True)
+            raise self._bad("body", row, None, "every message needs a body (use an empty string)")
+        bodies: list[bytes] = body_col.to_pylist()
+        if pa.types.is_string(body_col.type) or pa.types.is_large_string(body_col.type):
+            bodies = [b.encode("utf-8") for b in bodies]  # type: ignore[attr-defined]
+        limit = self.max_message_size
+        for i, body in enumerate(bodies):
+            if len(body) > limit:
+                raise self._bad("body", i, body, f"{len(body)} bytes is larger than the broker accepts ({self._limit_said})")
+        return bodies
+
     def _bad(self, column: str, row: int, value: Any, reason: str) -> AmqpOptionError:
         kind = "null" if value is None else type(value).__name__
         shown = "" if value is None or isinstance(value, bytes) else f" {_short(value)}"
@@ -215,25 +229,39 @@ class MessageBuilder:
         return values
 
     def _property_rows(self, columns: dict[str, pa.Array], n: int) -> list[bytes] | None:
-        present = [c for c in PROPERTY_COLUMNS if c in columns]
         filters = columns[self.filter_column].to_pylist() if self.filter_column in columns else None
-        if not present and filters is None:
+        rows = self._raw_properties(columns, n, filters is not None)
+        if rows is None:
             return None
-        values = {c: columns[c].to_pylist() for c in present}
         out = []
         persistent = 2 if self.options.persistent else None
-        for i in range(n):
-            row = {c: values[c][i] for c in present if values[c][i] is not None}
+        for i, row in enumerate(rows):
             if filters is not None and filters[i] is not None:
                 row["headers"] = _with_filter_value(row.get("headers"), filters[i])
+            kwargs = {_PAMQP_NAMES.get(c, c): v for c, v in self._checked(row, i).items()}
+            kwargs.setdefault("delivery_mode", persistent)
             try:
-                kwargs = {_PAMQP_NAMES.get(c, c): _property_value(c, v) for c, v in row.items()}
-                kwargs.setdefault("delivery_mode", persistent)
                 out.append(header.ContentHeader(0, 0, commands.Basic.Properties(**kwargs)).marshal()[12:])
             except (ValueError, TypeError, OverflowError, struct.error, decimal.InvalidOperation) as err:
                 column, reason = _culprit(row, err)
                 raise self._bad(column, i, row.get(column), reason) from None
         return out
+
+    def _raw_properties(self, columns: dict[str, pa.Array], n: int, always: bool = False) -> list[dict[str, Any]] | None:
+        """Per row, its property columns that are not null (None when the batch has none, unless ``always``)."""
+        present = [c for c in PROPERTY_COLUMNS if c in columns]
+        if not present and not always:
+            return None
+        values = [(c, columns[c].to_pylist()) for c in present]
+        return [{c: v[i] for c, v in values if v[i] is not None} for i in range(n)]
+
+    def _checked(self, row: dict[str, Any], i: int) -> dict[str, Any]:
+        """Each property of a row as pamqp takes it; a bad value fails the batch, naming its column and row."""
+        try:
+            return {c: _property_value(c, v) for c, v in row.items()}
+        except (ValueError, TypeError, OverflowError, struct.error, decimal.InvalidOperation) as err:
+            column, reason = _culprit(row, err)
+            raise self._bad(column, i, row.get(column), reason) from None
 
 
 PROPERTY_COLUMNS = (*STRING_PROPERTY_COLUMNS, *INT_PROPERTY_COLUMNS, "timestamp", "headers")

@@ -170,7 +170,7 @@ class PartitionPublisher:
             await channel.rpc(commands.Confirm.Select())
         except AmqpProtocolError as err:
             c = opts.connection
-            raise AmqpPublishError(f"{explain(err, c.display_uri, c.username, c.vhost, subject)}; {_retry_hint(err)}") from err
+            raise AmqpPublishError(f"{explain(err, c.display_uri, c.username, c.vhost, subject)}; {retry_hint(err)}") from err
         return channel
 
     async def _declare(self, channel: ClientChannel) -> None:
@@ -201,7 +201,7 @@ class PartitionPublisher:
             scope = "channel" if isinstance(reason, AmqpReplyError) and not reason.closes_connection else "connection"
             raise AmqpPublishError(
                 f"{unconfirmed} of {window.published} messages published to {_target(self.options, message)} are not confirmed: "
-                f"the broker closed the {scope} ({reason}); {_retry_hint(reason)}"
+                f"the broker closed the {scope} ({reason}); {retry_hint(reason)}"
             ) from reason
 
     def _rejected(self, window: ConfirmWindow, message: Outgoing) -> AmqpPublishError:
@@ -252,10 +252,10 @@ async def _connect(opts: SinkOptions, description: str) -> AmqpClient:
         return await AmqpClient.connect(opts.connection, f"spark-amqp sink {description}")
     except AmqpProtocolError as err:
         c = opts.connection
-        raise AmqpPublishError(f"{explain(err, c.display_uri, c.username, c.vhost)}; {_retry_hint(err)}") from err
+        raise AmqpPublishError(f"{explain(err, c.display_uri, c.username, c.vhost)}; {retry_hint(err)}") from err
 
 
-def _retry_hint(err: BaseException) -> str:
+def retry_hint(err: BaseException) -> str:
     if is_transient(err):
         return "the task fails so that Spark retries it"
     return "this is not transient: retrying the task fails the same way until the cause is fixed"

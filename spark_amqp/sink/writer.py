@@ -1,8 +1,9 @@
 """Spark's writer classes for the AMQP sink: batch (``df.write``) and streaming.
 
-``write`` runs in executors and publishes its partition (``PartitionPublisher``);
-it returns only when every message is confirmed, and its commit message
-carries the counts. ``commit``/``abort`` run on the driver and log per batch.
+``write`` runs in executors and publishes its partition: over AMQP 0-9-1 (``PartitionPublisher``),
+or with a rabbitmq-stream:// uri over the stream protocol (``StreamPartitionPublisher``, under the
+producer name and ids of ``producers.py``); it returns only when every message is confirmed, and its
+commit message carries the counts. ``commit``/``abort`` run on the driver and log per batch.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamWriter
 from pyspark.sql.types import StructType
 
 from ..client import AmqpClient
-from ..errors import AmqpProtocolError, AmqpPublishError, AmqpSourceError, explain
+from ..errors import AmqpOptionError, AmqpProtocolError, AmqpPublishError, AmqpSourceError, explain
 from ..options import SinkOptions
 from ..streams.partitions import partitions_of
 from .columns import MessageBuilder
+from .producers import task_producer
 from .publisher import PartitionPublisher
+from .stream_publisher import StreamPartitionPublisher
 
 try:  # PySpark >= 4.1
     from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamBase
@@ -44,7 +47,17 @@ class AmqpCommitMessage(WriterCommitMessage):
     confirmed: int
 
 
-def _publish_partition(options: SinkOptions, batches: Iterator[pa.RecordBatch]) -> AmqpCommitMessage:
+def _publish_partition(options: SinkOptions, batches: Iterator[pa.RecordBatch], write_id: str | None) -> AmqpCommitMessage:
+    """``write_id``: the batch writer's (producer names of a batch write); None when streaming."""
+    if options.connection.stream_protocol:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        if context is None:
+            raise AmqpOptionError("the stream sink publishes from Spark tasks only")
+        producer = task_producer(context, write_id, options.deduplication)
+        done = asyncio.run(StreamPartitionPublisher(options, producer).publish(batches))
+        return AmqpCommitMessage(producer.description, done.published, done.confirmed)
     builder = MessageBuilder(options)
     partition = uuid.uuid4().hex[:8]
     result = asyncio.run(PartitionPublisher(options).publish((builder.messages(b) for b in batches), partition, connected(builder)))
@@ -143,34 +156,39 @@ def _log_commit(messages: list[Any], batch_id: int | None) -> None:
         log.error("AMQP sink %s: %d published but %d confirmed", where, published, confirmed)
 
 
-def _log_abort(messages: list[Any], batch_id: int | None) -> None:
+def _log_abort(messages: list[Any], batch_id: int | None, options: SinkOptions) -> None:
     done = [m for m in messages if isinstance(m, AmqpCommitMessage)]
     where = f"batch {batch_id}" if batch_id is not None else "write"
+    deduplicated = options.connection.stream_protocol and options.deduplication
     # A failed task sends no commit message: what it confirmed before failing is
     # only in its own error, so count completed partitions and say so.
     log.warning(
         "AMQP sink %s aborted: %d of %d partitions completed (%d messages confirmed); the failed ones may have "
-        "had part of their messages confirmed before failing (their task errors give the counts). A retry "
-        "publishes all of them again (at-least-once)",
+        "had part of their messages confirmed before failing (their task errors give the counts). %s",
         where,
         len(done),
         len(messages),
         sum(m.confirmed for m in done),
+        "A retry publishes them again under the same producer names and ids: the broker stores each once (deduplication)"
+        if deduplicated
+        else "A retry publishes all of them again (at-least-once)",
     )
 
 
 class AmqpBatchWriter(DataSourceArrowWriter):
     def __init__(self, options: SinkOptions) -> None:
         self.options = options
+        # Drawn once, on the driver: every task of this write, retries included, publishes under it.
+        self.write_id = f"write-{uuid.uuid4()}"
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> AmqpCommitMessage:
-        return _publish_partition(self.options, iterator)
+        return _publish_partition(self.options, iterator, self.write_id)
 
     def commit(self, messages: list[Any]) -> None:
         _log_commit(messages, None)
 
     def abort(self, messages: list[Any]) -> None:
-        _log_abort(messages, None)
+        _log_abort(messages, None, self.options)
 
 
 class AmqpStreamWriter(_StreamBase):
@@ -180,10 +198,10 @@ class AmqpStreamWriter(_StreamBase):
 
     def write(self, iterator: Iterator[Any]) -> AmqpCommitMessage:
         batches = iterator if STREAM_ARROW else _rows_to_batches(iterator, arrow_schema(self.schema))
-        return _publish_partition(self.options, batches)
+        return _publish_partition(self.options, batches, None)
 
     def commit(self, messages: list[Any], batchId: int) -> None:
         _log_commit(messages, batchId)
 
     def abort(self, messages: list[Any], batchId: int) -> None:
-        _log_abort(messages, batchId)
+        _log_abort(messages, batchId, self.options)

@@ -27,6 +27,7 @@ CLOSE_TIMEOUT = 5.0
 _SIZE = struct.Struct(">I")
 _HEAD = struct.Struct(">HH")
 _CORR = struct.Struct(">IH")
+_ID = struct.Struct(">Q")
 
 
 class OffsetSpec:
@@ -319,6 +320,12 @@ class StreamClient(asyncio.Protocol):
         """One publish frame: (publishing id, encoded message) pairs; the caller keeps it under ``frame_max``."""
         body = b"".join(struct.pack(">QI", pid, len(m)) + m for pid, m in messages)
         self.write(frame(Key.PUBLISH, 1, struct.pack(">Bi", pub_id, len(messages)) + body))
+
+    def publish_filtered(self, pub_id: int, messages: list[tuple[int, str | None, bytes]]) -> None:
+        """Publish version 2 (RabbitMQ 3.13+): (publishing id, filter value or None, encoded message) triples,
+        the filter value going into the chunk's Bloom filter for filtered reads."""
+        body = b"".join(_ID.pack(pid) + string(value) + _SIZE.pack(len(m)) + m for pid, value, m in messages)
+        self.write(frame(Key.PUBLISH, 2, struct.pack(">Bi", pub_id, len(messages)) + body))
 
     async def delete_publisher(self, pub_id: int) -> None:
         try:

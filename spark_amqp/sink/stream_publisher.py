@@ -1,0 +1,296 @@
+"""Publishing one partition over RabbitMQ's stream protocol, with confirms and publisher deduplication.
+
+Each message is kept until the broker confirms it (at most ``maxInFlight`` messages and
+``MAX_IN_FLIGHT_BYTES`` at a time). A failure the broker may get over — the connection dropped,
+the stream's leader moved (a metadata update, "stream not available") — is met, with
+deduplication on, by connecting again and publishing every unconfirmed message again under the
+same producer name and ids: the broker stores those it had not stored and confirms the others
+without storing them again. Nothing is lost that way because one connection sends a stream its
+ids in increasing order, so the broker never holds an id above one it did not store. Up to
+``MAX_RECONNECTS`` times in a row without a confirm in between; then, and for any other failure,
+the task fails with an ``AmqpPublishError`` naming the stream, the response code and the counts.
+Without deduplication nothing is published again here: the task fails and Spark retries it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Iterator
+
+import pyarrow as pa
+
+from ..backoff import Backoff
+from ..errors import AmqpProtocolError, AmqpPublishError, StreamResponseError, explain, is_transient
+from ..options import SinkOptions
+from ..stream_protocol.client import StreamClient
+from ..streams.partitions import MAX_PARTITIONS
+from .producers import Producer
+from .publisher import PublishResult, retry_hint
+from .stream_messages import MESSAGE_OVERHEAD, StreamMessage, StreamMessageBuilder
+
+__all__ = ["MAX_IN_FLIGHT_BYTES", "MAX_RECONNECTS", "StreamPartitionPublisher"]
+
+log = logging.getLogger("spark_amqp.sink")
+
+MAX_IN_FLIGHT_BYTES = 64 << 20  # unconfirmed messages are kept to publish again: bound their memory too
+MAX_RECONNECTS = 5
+MAX_PUBLISHERS = 256  # a publisher id is one byte: one per partition stream on the task's connection
+_FRAME_HEAD = 13  # size, key, version, publisher id, count
+_NOT_FOUND = 0x02
+
+
+class _Failed(Exception):
+    """Something ended the connection's usefulness: ``reason`` says what; ``stream`` which stream, if one."""
+
+    def __init__(self, reason: AmqpProtocolError, stream: str | None = None) -> None:
+        super().__init__(str(reason))
+        self.reason = reason
+        self.stream = stream
+
+
+class StreamPartitionPublisher:
+    def __init__(self, options: SinkOptions, producer: Producer) -> None:
+        self.options = options
+        self.producer = producer
+        self.builder = StreamMessageBuilder(options, producer)
+        self.pending: list[dict[int, StreamMessage]] = []  # per target: unconfirmed, by publishing id
+        self.published = 0
+        self.confirmed = 0
+        self.in_flight_bytes = 0
+        self._progress = asyncio.Event()
+        self._failure: _Failed | None = None
+        self._client: StreamClient | None = None
+        self._buffers: dict[int, list[StreamMessage]] = {}
+        self._buffer_sizes: dict[int, int] = {}  # the bytes of each buffer's frame so far
+        self._buffered = 0
+        self._learned = False
+
+    async def publish(self, batches: Iterable[pa.RecordBatch]) -> PublishResult:
+        """Publish every row; return once the broker has confirmed every message."""
+        messages: Iterator[StreamMessage] = (m for batch in batches for m in self.builder.stream_messages(batch))
+        backoff = Backoff()
+        while True:
+            confirmed_before = self.confirmed
+            try:
+                await self._connect()
+                await self._resend()
+                for message in messages:
+                    await self._send(message)
+                await self._flush()
+                await self._wait(lambda: not self.published - self.confirmed)
+                return PublishResult(self.published, self.confirmed)
+            except _Failed as failed:
+                if self.confirmed > confirmed_before:
+                    backoff.reset()
+                if not self._may_retry(failed, backoff.failures):
+                    raise self._error(failed) from failed.reason
+                delay = backoff.next()
+                log.warning(
+                    "stream sink %s: %s; connecting again in %.1fs to publish the %d unconfirmed message(s) again (attempt %d "
+                    "of %d; the broker drops those it already stored)",
+                    self.producer.description,
+                    failed.reason,
+                    delay,
+                    self.published - self.confirmed,
+                    backoff.failures,
+                    MAX_RECONNECTS,
+                )
+                await asyncio.sleep(delay)
+            finally:
+                await self._close()
+
+    # -- the connection --------------------------------------------------------------------
+
+    async def _connect(self) -> None:
+        opts = self.options
+        self._failure = None
+        self._buffers.clear()
+        self._buffer_sizes.clear()
+        self._buffered = 0
+        try:
+            client = await StreamClient.connect(opts.connection, f"spark-amqp sink {self.producer.description}")
+        except AmqpProtocolError as err:
+            raise _Failed(err) from None
+        self._client = client
+        client.on_metadata_update = self._on_metadata_update
+        if not self._learned:  # what the messages depend on: the broker's line and frame size, the partitions
+            self.builder.met_stream_broker(client.server_version, client.frame_max)
+            if opts.super_stream is not None:
+                self.builder.route_to(await self._partitions(client, opts.super_stream))
+            self.pending = [{} for _ in self.builder.targets]
+            self._learned = True
+        for target, stream in enumerate(self.builder.targets):
+            try:
+                await client.declare_publisher(
+                    target,
+                    self.producer.name or "",
+                    stream,
+                    lambda ids, t=target: self._on_confirm(t, ids),  # type: ignore[misc]
+                    lambda errors, s=stream: self._on_error(s, errors),  # type: ignore[misc]
+                )
+            except AmqpProtocolError as err:
+                raise _Failed(err, stream) from None
+
+    async def _partitions(self, client: StreamClient, super_stream: str) -> tuple[str, ...]:
+        """``<name>-0``, ``<name>-1``, … up to the first that does not exist: as the AMQP sink finds them."""
+        found: list[str] = []
+        while len(found) < MAX_PARTITIONS:
+            names = [f"{super_stream}-{i}" for i in range(len(found), len(found) + 16)]
+            try:
+                answers = await client.metadata(*names)
+            except AmqpProtocolError as err:
+                raise _Failed(err, super_stream) from None
+            for name in names:
+                if answers.get(name, (_NOT_FOUND, None))[0] == _NOT_FOUND:
+                    return self._checked_partitions(super_stream, found)
+                found.append(name)
+        return self._checked_partitions(super_stream, found)
+
+    def _checked_partitions(self, super_stream: str, found: list[str]) -> tuple[str, ...]:
+        if not found:
+            raise AmqpPublishError(
+                f"super stream '{super_stream}' on {self.options.connection.display_uri}: no partition stream "
+                f"'{super_stream}-0' found. Declare the super stream (rabbitmq-streams add_super_stream); nothing was published"
+            )
+        if len(found) > MAX_PUBLISHERS:
+            raise AmqpPublishError(
+                f"super stream '{super_stream}' has {len(found)} partitions; the stream sink publishes to at most "
+                f"{MAX_PUBLISHERS} from one task (a stream protocol connection has {MAX_PUBLISHERS} publisher ids)"
+            )
+        return tuple(found)
+
+    async def _close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+
+    # -- sending ------------------------------------------------------------------------------
+
+    async def _resend(self) -> None:
+        """After a reconnect: every unconfirmed message again, in id order per stream."""
+        for pending in self.pending:
+            for message in list(pending.values()):
+                self._buffer(message)
+        await self._flush()
+
+    async def _send(self, message: StreamMessage) -> None:
+        # Pending first: whatever fails from here on, a reconnect publishes it again.
+        self.pending[message.target][message.publishing_id] = message
+        self.published += 1
+        self.in_flight_bytes += len(message.record)
+        limit = self.options.max_in_flight
+        if self.published - self.confirmed > limit or self.in_flight_bytes > MAX_IN_FLIGHT_BYTES:
+            await self._flush()
+            await self._wait(lambda: self.published - self.confirmed <= limit and self.in_flight_bytes <= MAX_IN_FLIGHT_BYTES)
+        if self._failure is not None:
+            raise self._failure
+        self._buffer(message)
+        if self._buffered >= 256:  # let the reader take confirms while a long partition goes out
+            await self._flush()
+
+    def _buffer(self, message: StreamMessage) -> None:
+        """Into its stream's next frame; a full frame goes out first."""
+        target = message.target
+        size = len(message.record) + MESSAGE_OVERHEAD - _FRAME_HEAD
+        if message.filter_value is not None:
+            size += len(message.filter_value.encode("utf-8"))
+        buffer = self._buffers.setdefault(target, [])
+        assert self._client is not None
+        if buffer and _FRAME_HEAD + self._buffer_sizes[target] + size > self._client.frame_max:
+            self._write(target, buffer)
+            buffer = self._buffers[target] = []
+            self._buffer_sizes[target] = 0
+        buffer.append(message)
+        self._buffer_sizes[target] = self._buffer_sizes.get(target, 0) + size
+        self._buffered += 1
+
+    async def _flush(self) -> None:
+        for target, buffer in self._buffers.items():
+            if buffer:
+                self._write(target, buffer)
+        self._buffers.clear()
+        self._buffer_sizes.clear()
+        self._buffered = 0
+        await asyncio.sleep(0)
+        if self._failure is not None:
+            raise self._failure
+
+    def _write(self, target: int, messages: list[StreamMessage]) -> None:
+        client = self._client
+        assert client is not None
+        if client.closed.done():
+            raise _Failed(client.closed.result())
+        if any(m.filter_value is not None for m in messages):
+            client.publish_filtered(target, [(m.publishing_id, m.filter_value, m.record) for m in messages])
+        else:
+            client.publish(target, [(m.publishing_id, m.record) for m in messages])
+
+    async def _wait(self, done: Callable[[], bool]) -> None:
+        """Until ``done()`` holds, a failure, or ``confirmTimeout`` without a confirm."""
+        client = self._client
+        assert client is not None
+        while not done():
+            if self._failure is not None:
+                raise self._failure
+            self._progress.clear()
+            before = self.confirmed
+            progress: asyncio.Future[object] = asyncio.ensure_future(self._progress.wait())
+            closed: asyncio.Future[object] = client.closed  # type: ignore[assignment]
+            try:
+                await asyncio.wait([progress, closed], timeout=self.options.confirm_timeout, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                progress.cancel()
+            if client.closed.done() and self._failure is None:
+                self._failure = _Failed(client.closed.result())
+            if self._failure is None and self.confirmed == before and not done():
+                raise self._timeout()
+
+    # -- what the broker says -------------------------------------------------------------------------------
+
+    def _on_confirm(self, target: int, ids: list[int]) -> None:
+        pending = self.pending[target]
+        for publishing_id in ids:
+            message = pending.pop(publishing_id, None)
+            if message is not None:  # a message published again after a reconnect may be confirmed twice
+                self.confirmed += 1
+                self.in_flight_bytes -= len(message.record)
+        self._progress.set()
+
+    def _on_error(self, stream: str, errors: list[tuple[int, int]]) -> None:
+        if self._failure is None and errors:
+            code = errors[0][1]
+            self._failure = _Failed(StreamResponseError(code, f"{len(errors)} message(s) refused by the broker"), stream)
+        self._progress.set()
+
+    def _on_metadata_update(self, code: int, stream: str) -> None:
+        if stream in self.builder.targets and self._failure is None:
+            self._failure = _Failed(StreamResponseError(code, "the broker announced a metadata update"), stream)
+            self._progress.set()
+
+    # -- errors ----------------------------------------------------------------------------------------------
+
+    def _may_retry(self, failed: _Failed, failures: int) -> bool:
+        return self.producer.name is not None and self.published > 0 and is_transient(failed.reason) and failures < MAX_RECONNECTS
+
+    def _error(self, failed: _Failed) -> AmqpPublishError:
+        c = self.options.connection
+        subject = f"stream '{failed.stream}'" if failed.stream else self.options.target
+        unconfirmed = self.published - self.confirmed
+        if not self.published:
+            said = explain(failed.reason, c.display_uri, c.username, c.vhost, subject)
+            return AmqpPublishError(f"{said}; nothing was published; {retry_hint(failed.reason)}")
+        if self.producer.name is not None and is_transient(failed.reason):
+            why = f"gave up after {MAX_RECONNECTS} reconnects without a confirm in between; the task fails so that Spark retries it"
+        else:
+            why = retry_hint(failed.reason)
+        return AmqpPublishError(
+            f"{unconfirmed} of {self.published} messages published to {subject} on {c.display_uri} are not confirmed "
+            f"({self.confirmed} confirmed): {failed.reason}; {why}"
+        )
+
+    def _timeout(self) -> AmqpPublishError:
+        return AmqpPublishError(
+            f"{self.published - self.confirmed} of {self.published} messages published to {self.options.target} got no "
+            f"confirm within confirmTimeout={self.options.confirm_timeout:g}s; the task fails so that Spark retries it"
+        )
