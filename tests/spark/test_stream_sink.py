@@ -1,60 +1,37 @@
-"""The stream-protocol sink under Spark: a streaming write whose batches fail after they were published and
-before Spark committed them, then run again from the checkpoint, holds every row once with deduplication
-(and some twice without it, which shows the test can fail).
+"""The stream-protocol sink under Spark: a streaming write SIGKILLed between the publish and Spark's commit,
+several times, then run to the end from its checkpoint, holds every row once with deduplication (and the
+killed batches twice without it, which shows the test can fail).
 
-The failure is injected in the writer's ``commit`` (which Spark calls after every task of the batch has
-succeeded, i.e. after every message was confirmed, and before it writes the batch to the checkpoint's
-commit log): the query stops there, as a killed driver would, and the next run replays the batch with the
-same rows, the same query id and the same batch id. In-process, so the session the other Spark tests use
-serves (a killed JVM costs ~15 s a run; tests/spark/test_exactly_once.py does that for the source).
+Each run is ``sink_kill_job.py`` in a process group of its own: its writer's ``commit`` (on the driver, after
+every message of the batch was confirmed, before Spark writes the batch to the checkpoint's commit log)
+SIGKILLs the group, the JVM and every Python worker included, the first time it sees a batch. The next run
+replays that batch with the same rows, the same query id and the same batch id.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark import cloudpickle
 
-from spark_amqp.datasource import AmqpDataSource
-from spark_amqp.sink.writer import AmqpStreamWriter
 from spark_amqp.stream_protocol.rows import Conversion, RowMaker
 from tests.sink.stream_helpers import create, delete, records, run
 from tests.stream_protocol.conftest import STREAM_BROKERS
 
-pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
+# pinned: the kills cost a JVM start each, and nothing here differs between PySpark lines (CI time).
+pytestmark = [pytest.mark.spark, pytest.mark.pinned, pytest.mark.timeout(900)]
 
-FILES, LINES = 5, 40  # one file a batch (maxFilesPerTrigger=1): 5 batches of 40 rows
-FAILED_BATCHES = 3
-
-
-class CommitFailsOnce(AmqpStreamWriter):
-    """Fails the first commit of each batch: the batch was published, Spark never records it as done."""
-
-    markers = ""
-
-    def commit(self, messages: list[Any], batchId: int) -> None:
-        marker = Path(self.markers) / str(batchId)
-        if not marker.exists():
-            marker.touch()
-            raise RuntimeError(f"injected failure after batch {batchId} was published")
-        super().commit(messages, batchId)
-
-
-class FailingCommitSource(AmqpDataSource):
-    @classmethod
-    def name(cls) -> str:
-        return "amqp-commit-fails-once"
-
-    def streamWriter(self, schema: Any, overwrite: bool) -> Any:
-        markers = self.options.pop("test.markers")
-        writer = CommitFailsOnce(self.sink_options(schema), schema)
-        writer.markers = markers
-        return writer
+ROOT = Path(__file__).resolve().parents[2]
+JOB = Path(__file__).with_name("sink_kill_job.py")
+FILES, LINES = 3, 40  # one file a batch (maxFilesPerTrigger=1): 3 batches of 40 rows
+KILLS = 2  # batches 0 and 1 are killed once each, between their publish and Spark's commit
 
 
 @pytest.fixture(scope="module")
@@ -69,44 +46,48 @@ def stream_url() -> Iterator[str]:
         yield broker.stream_url
 
 
+def _run_job(work: Path, stream_url: str, stream: str, deduplication: str, kill: bool) -> int:
+    args = [sys.executable, str(JOB), "--uri", stream_url, "--stream", stream, "--source", str(work / "in")]
+    args += ["--checkpoint", str(work / "checkpoint"), "--markers", str(work / "markers"), "--deduplication", deduplication]
+    log = work / f"run-{len(list(work.glob('run-*.log')))}.log"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "examples")])}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [*args, *(["--kill-in-commit"] if kill else [])], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        try:
+            code = proc.wait(300)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise AssertionError(f"the job did not finish:\n{log.read_text(errors='replace')[-3000:]}") from None
+    if code not in (0, -signal.SIGKILL):
+        raise AssertionError(f"the job failed ({code}):\n{log.read_text(errors='replace')[-3000:]}")
+    return code
+
+
 @pytest.mark.parametrize("deduplication", ["true", "false"])
-def test_batches_replayed_after_failing_between_publish_and_commit(spark, stream_url: str, tmp_path: Path, deduplication: str) -> None:  # type: ignore[no-untyped-def]
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # tasks cannot import the tests package
-    spark.dataSource.register(FailingCommitSource)
+def test_a_write_killed_between_publish_and_commit_holds_every_row_once(stream_url: str, tmp_path: Path, deduplication: str) -> None:
     source = tmp_path / "in"
     source.mkdir()
+    (tmp_path / "markers").mkdir()
     for f in range(FILES):
         path = source / f"f{f}.txt"
         path.write_text("".join(f"f{f}-line{i:02d}\n" for i in range(LINES)))
         os.utime(path, (1_700_000_000 + f, 1_700_000_000 + f))  # the file source takes files oldest first: f0 is batch 0
     stream = f"sink-{tmp_path.name[-20:]}"
     create(stream_url, stream)
-    markers = tmp_path / "markers"
-    markers.mkdir()
     try:
-        rows = spark.readStream.format("text").option("maxFilesPerTrigger", 1).load(str(source)).repartition(2)
-
-        def writer(fmt: str) -> Any:
-            w = rows.selectExpr("value AS body").writeStream.format(fmt).option("uri", stream_url).option("stream", stream)
-            w = w.option("deduplication", deduplication).option("checkpointLocation", str(tmp_path / "checkpoint"))
-            return w.option("test.markers", str(markers)) if fmt != "amqp" else w
-
-        query_ids = set()
-        for batch in range(FAILED_BATCHES):  # each run replays the batch the one before failed, then fails the next
-            query = writer(FailingCommitSource.name()).trigger(processingTime="100 milliseconds").start()
-            query_ids.add(query.id)
-            with pytest.raises(Exception, match=f"injected failure after batch {batch} was published"):
-                query.awaitTermination(300)
-        query = writer("amqp").trigger(availableNow=True).start()
-        query_ids.add(query.id)
-        assert query.awaitTermination(300) and query.exception() is None
-        (query_id,) = query_ids  # Spark keeps the query id in the checkpoint: the producer names stay the same
+        for _ in range(KILLS):  # each run replays the batch the one before was killed in, then is killed in the next
+            assert _run_job(tmp_path, stream_url, stream, deduplication, kill=True) == -signal.SIGKILL
+        assert sorted(p.name for p in (tmp_path / "markers").iterdir()) == [str(b) for b in range(KILLS)]
+        assert _run_job(tmp_path, stream_url, stream, deduplication, kill=False) == 0
+        query_id = json.loads((tmp_path / "checkpoint" / "metadata").read_text())["id"]
 
         async def sequences(c: Any) -> list[int]:
             return [await c.publisher_sequence(f"{query_id}-{p}", stream) for p in range(2)]
 
-        # Each task learnt the query id, its partition and the batch id from Spark: the last batch (4) of 40 rows
-        # was split 20 and 20, so each partition's name last stored id (4 << 32) + 19.
+        # Spark kept the query id in the checkpoint, and each task learnt it, its partition and the batch id: the
+        # last batch (2) of 40 rows was split 20 and 20, so each partition's producer last stored (2 << 32) + 19.
         last = (FILES - 1 << 32) + LINES // 2 - 1
         assert run(stream_url, sequences) == ([last, last] if deduplication == "true" else [0, 0])
     finally:
@@ -117,6 +98,6 @@ def test_batches_replayed_after_failing_between_publish_and_commit(spark, stream
     bodies = [RowMaker(stream, Conversion.of(None)).row(r, 0)[0] for r in got]
     if deduplication == "true":
         assert sorted(bodies) == expected
-    else:  # each failed batch was published twice
-        replayed = sorted(f"f{f}-line{i:02d}".encode() for f in range(FAILED_BATCHES) for i in range(LINES))
+    else:  # each killed batch was published twice
+        replayed = sorted(f"f{f}-line{i:02d}".encode() for f in range(KILLS) for i in range(LINES))
         assert sorted(bodies) == sorted(expected + replayed)
