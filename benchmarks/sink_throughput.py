@@ -1,6 +1,7 @@
-"""Sink throughput against raw pika publishers, side by side in the same run.
+"""Sink throughput against raw pika publishers, and over the stream protocol against rstream, side by side in the same run.
 
-    AMQP_TEST_URL=amqp://guest:guest@127.0.0.1:5672/%2F python benchmarks/sink_throughput.py
+    AMQP_TEST_URL=amqp://guest:guest@127.0.0.1:5672/%2F python benchmarks/sink_throughput.py \
+        [--stream-url rabbitmq-stream://guest:guest@127.0.0.1:5552/%2F]
 
 Writes ``--rows`` x 200-byte rows with ``df.write.format("amqp")`` from one and
 from two partitions (the DataFrame is cached first, so only publishing is
@@ -8,22 +9,40 @@ timed), and compares with pika's SelectConnection keeping 1000 confirms
 outstanding and with pika's BlockingConnection doing one synchronous confirm per
 message (on ``--sync-rows`` messages, it is slow). Without AMQP_TEST_URL the
 embedded broker runs in its own process.
+
+With ``--stream-url`` (or AMQP_TEST_STREAM_URL), the same ``--rows`` also go over
+RabbitMQ's stream protocol, in this order, ``--stream-rounds`` times (means reported):
+rstream publishing with confirms (``stream_protocol_client.rstream_publish``), our
+``StreamClient`` publishing with deduplication (``ours_publish``, the client's own
+limit), then the sink with ``deduplication`` on from 1 and 2 partitions and with it
+off from 1 partition. Each sink run writes to a fresh stream, and its rate counts
+only if the stream then holds exactly the rows written (the stream's
+``committed_offset`` + 1 from a stream-protocol ``stats`` call on RabbitMQ 4.3+, the last
+committed chunk's next offset on 4.0; a passive queue.declare's message count is 0 for a
+stream on 4.3, measured). rstream's rate counts its confirms (it deletes its stream).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 import time
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import pika_baseline as pb
+import stream_protocol_client as spc
 from source_throughput import broker_url
 from spark_runs import spark_session
 
+from spark_amqp.stream_protocol import chunks
+from spark_amqp.stream_protocol.client import OffsetSpec, StreamClient
+
 BODY = b"x" * 200
+SINK_STREAM = "bench-sink-stream"
 
 
 def sink_rate(spark, url: str, queue: str, rows: int, partitions: int) -> float:  # type: ignore[no-untyped-def]
@@ -37,30 +56,174 @@ def sink_rate(spark, url: str, queue: str, rows: int, partitions: int) -> float:
     return rows / elapsed
 
 
+# -- over the stream protocol ----------------------------------------------------------------------
+
+
+async def _fresh_stream(options: Any, stream: str) -> None:
+    client = await StreamClient.connect(options, "bench sink setup")
+    try:
+        try:
+            await client.delete(stream)
+        except Exception:  # absent: nothing to delete
+            pass
+        await client.create(stream)
+    finally:
+        await client.close()
+
+
+async def _stream_count(options: Any, stream: str, expected: int) -> int:
+    """Messages in ``stream`` (a fresh one), waited for up to 10 s to reach ``expected``: ``committed_offset`` + 1
+    (RabbitMQ 4.3+), else the next offset after the last committed chunk, read from that chunk's header (4.0)."""
+    client = await StreamClient.connect(options, "bench sink check")
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            stats = await client.stats(stream)
+            if "committed_offset" in stats:
+                count = stats["committed_offset"] + 1
+            elif stats["committed_chunk_id"] < 0:
+                count = 0
+            else:
+                count = await _chunk_end(client, stream, stats["committed_chunk_id"])
+            if count >= expected or time.monotonic() > deadline:
+                return count
+            await asyncio.sleep(0.1)
+    finally:
+        await client.close()
+
+
+async def _chunk_end(client: StreamClient, stream: str, chunk_id: int) -> int:
+    """The offset after the chunk at ``chunk_id``: its first offset plus its records."""
+    header: asyncio.Future[chunks.ChunkHeader] = asyncio.get_running_loop().create_future()
+
+    def on_chunk(view: memoryview) -> None:
+        if not header.done():
+            header.set_result(chunks.read_header(view))
+
+    await client.subscribe(1, stream, OffsetSpec.offset(chunk_id), 1, on_chunk)
+    try:
+        return (await asyncio.wait_for(header, 10)).next_offset
+    finally:
+        await client.unsubscribe(1)
+
+
+async def _delete_stream(options: Any, stream: str) -> None:
+    client = await StreamClient.connect(options, "bench sink cleanup")
+    try:
+        await client.delete(stream)
+    finally:
+        await client.close()
+
+
+def checked(rate: float, options: Any, stream: str, rows: int, what: str) -> float:
+    """``rate`` if ``stream`` holds exactly ``rows`` messages; fails the benchmark otherwise (and drops the stream)."""
+    try:
+        count = asyncio.run(_stream_count(options, stream, rows))
+    finally:
+        asyncio.run(_delete_stream(options, stream))
+    if count != rows:
+        raise RuntimeError(f"{what}: stream '{stream}' holds {count} messages, {rows} were written: no rate")
+    return rate
+
+
+def stream_sink_rate(  # type: ignore[no-untyped-def]
+    spark, stream_url: str, rows: int, partitions: int, dedup: bool, max_in_flight: int
+) -> float:
+    options = spc.connection(stream_url)
+    df = spark.range(rows).selectExpr("repeat('x', 200) as body").repartition(partitions).cache()
+    df.count()
+    asyncio.run(_fresh_stream(options, SINK_STREAM))
+    start = time.perf_counter()
+    (
+        df.write.format("amqp")
+        .option("uri", stream_url)
+        .option("stream", SINK_STREAM)
+        .option("deduplication", str(dedup).lower())
+        .option("maxInFlight", str(max_in_flight))
+        .mode("append")
+        .save()
+    )
+    elapsed = time.perf_counter() - start
+    df.unpersist()
+    return checked(rows / elapsed, options, SINK_STREAM, rows, f"sink, {partitions} partition(s), dedup {dedup}")
+
+
+def stream_round(spark, stream_url: str, rows: int, max_in_flight: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    options = spc.connection(stream_url)
+    out: dict[str, float] = {}
+    # rstream counts its confirms, then deletes its stream: its rate stands for confirmed messages.
+    out["rstream"] = asyncio.run(spc.rstream_publish(*spc.rstream_login(stream_url), rows))
+    ours = asyncio.run(spc.ours_publish(options, rows))
+    out["ours"] = checked(ours, options, spc.STREAM, rows, "StreamClient")
+    out["sink1"] = stream_sink_rate(spark, stream_url, rows, 1, True, max_in_flight)
+    out["sink2"] = stream_sink_rate(spark, stream_url, rows, 2, True, max_in_flight)
+    out["nodedup1"] = stream_sink_rate(spark, stream_url, rows, 1, False, max_in_flight)
+    return out
+
+
+STREAM_LABELS = {
+    "rstream": "rstream send_batch(500), confirms",
+    "ours": "StreamClient, dedup, 500/frame, 20k unconfirmed",
+    "sink1": "sink, dedup on, 1 partition",
+    "sink2": "sink, dedup on, 2 partitions",
+    "nodedup1": "sink, dedup off, 1 partition",
+}
+
+
+def stream_benchmarks(spark, stream_url: str, rows: int, rounds: int, max_in_flight: int) -> None:  # type: ignore[no-untyped-def]
+    if rows % spc.BATCH:
+        raise SystemExit(f"--rows must be a multiple of {spc.BATCH} with --stream-url (rstream_publish sends batches of {spc.BATCH})")
+    stream_sink_rate(spark, stream_url, 20_000, 1, True, max_in_flight)  # warm-up: the stream sink's modules
+    loads = [os.getloadavg()]
+    runs = []
+    for i in range(rounds):
+        runs.append(stream_round(spark, stream_url, rows, max_in_flight))
+        loads.append(os.getloadavg())
+        print(f"  stream round {i + 1}: " + ", ".join(f"{k} {v:,.0f}" for k, v in runs[-1].items()), flush=True)
+    mean = {k: sum(r[k] for r in runs) / len(runs) for k in runs[0]}
+    print(f"\nover the stream protocol ({spc.connection(stream_url).display_uri}), {rows} x {len(BODY)} B, mean of {rounds} round(s);")
+    print(f"sink maxInFlight={max_in_flight}; load average (1/5/15 min) " + ", ".join(f"{a:.2f}/{b:.2f}/{c:.2f}" for a, b, c in loads))
+    for key, label in STREAM_LABELS.items():
+        each = " / ".join(f"{r[key]:,.0f}" for r in runs)
+        print(f"{label:49s}: {mean[key]:9,.0f} msg/s  {mean[key] / mean['rstream']:.2f}x rstream  ({each})")
+    print(f"sink (dedup on, 1 partition) / rstream = {mean['sink1'] / mean['rstream']:.2f}x (goal >= 1.0)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--sync-rows", type=int, default=20_000)
+    parser.add_argument(
+        "--stream-url",
+        default=os.environ.get("AMQP_TEST_STREAM_URL"),
+        help="the broker's rabbitmq-stream:// uri (default: AMQP_TEST_STREAM_URL): also measure the sink over the stream protocol",
+    )
+    parser.add_argument("--stream-rounds", type=int, default=2, help="times the stream-protocol runs repeat (means reported)")
+    parser.add_argument("--stream-max-in-flight", type=int, default=1000, help="the stream sink's maxInFlight (its default: 1000)")
+    parser.add_argument("--skip-amqp", action="store_true", help="only the stream-protocol runs (with --stream-url)")
     args = parser.parse_args()
     spark = spark_session("spark-amqp sink benchmark")
     queue = "bench.sink"
     try:
         with broker_url() as (url, label):
-            print(f"{args.rows} x {len(BODY)} B into {label}")
+            print(f"{args.rows} x {len(BODY)} B into {label}; load average {os.getloadavg()[0]:.2f}")
             sink_rate(spark, url, queue, 20_000, 1)  # warm-up: JVM, Python workers
-            pb.declare(url, queue)
-            raw_async = args.rows / pb.publish_async(url, queue, args.rows, BODY, window=1000)
-            pb.declare(url, queue)
-            raw_sync = args.sync_rows / pb.publish_sync(url, queue, args.sync_rows, BODY)
-            one = sink_rate(spark, url, queue, args.rows, 1)
-            two = sink_rate(spark, url, queue, args.rows, 2)
-            pb.declare(url, queue)
-            print(f"raw pika async, 1000 confirms in flight : {raw_async:9.0f} msg/s")
-            print(f"raw pika, one sync confirm per message  : {raw_sync:9.0f} msg/s")
-            print(
-                f"sink, 1 partition                       : {one:9.0f} msg/s  {one / raw_async:.2f}x async (goal >= 0.8)  {one / raw_sync:.1f}x sync (goal >= 3)"
-            )
-            print(f"sink, 2 partitions                      : {two:9.0f} msg/s  {two / raw_async:.2f}x async (goal > 1.0)")
+            if not args.skip_amqp:
+                pb.declare(url, queue)
+                raw_async = args.rows / pb.publish_async(url, queue, args.rows, BODY, window=1000)
+                pb.declare(url, queue)
+                raw_sync = args.sync_rows / pb.publish_sync(url, queue, args.sync_rows, BODY)
+                one = sink_rate(spark, url, queue, args.rows, 1)
+                two = sink_rate(spark, url, queue, args.rows, 2)
+                pb.declare(url, queue)
+                print(f"raw pika async, 1000 confirms in flight : {raw_async:9.0f} msg/s")
+                print(f"raw pika, one sync confirm per message  : {raw_sync:9.0f} msg/s")
+                print(
+                    f"sink, 1 partition                       : {one:9.0f} msg/s  {one / raw_async:.2f}x async (goal >= 0.8)  {one / raw_sync:.1f}x sync (goal >= 3)"
+                )
+                print(f"sink, 2 partitions                      : {two:9.0f} msg/s  {two / raw_async:.2f}x async (goal > 1.0)")
+            if args.stream_url:
+                stream_benchmarks(spark, args.stream_url, args.rows, args.stream_rounds, args.stream_max_in_flight)
     finally:
         spark.stop()
 
