@@ -20,22 +20,25 @@ import asyncio
 import itertools
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from ..client import AmqpClient, ClientChannel
 from ..reading import stream_consumers
 from . import probe
 from .offset import mark_of
 
-__all__ = ["TailWatch"]
+__all__ = ["REMEASURE", "TailBook", "TailWatch"]
 
 _tags = itertools.count(1)
 REMEASURE = 5.0  # seconds an idle stream's end is trusted without a signal
 
 
-class TailWatch:
+class TailBook:
+    """What both protocols' tail watches share: which end is still good, and the bookkeeping of a measurement.
+    A subclass keeps one watcher per stream (``_watching``, ``_rewatch``) and measures (``_tail``)."""
+
     def __init__(self) -> None:
-        self.client: AmqpClient | None = None
-        self.watchers: dict[str, ClientChannel] = {}
+        self.client: Any = None
         self.ends: dict[str, int] = {}
         self.measured: dict[str, float] = {}
         self.moved: set[str] = set()
@@ -45,25 +48,24 @@ class TailWatch:
         self.suspects: set[str] = set()
         self.probes = 0  # how many times an end was measured (for tests and logs)
 
-    async def ends_of(self, client: AmqpClient, streams: Sequence[str]) -> dict[str, int]:
-        """``end`` of each stream, measured side by side (an empty one takes ``probe.EMPTY_WAIT``)."""
+    async def ends_of(self, client: Any, streams: Sequence[str]) -> dict[str, int]:
+        """``end`` of each stream, measured side by side (an empty one may take ``probe.EMPTY_WAIT``)."""
         found = await asyncio.gather(*(self.end(client, s) for s in streams))
         return dict(zip(streams, found, strict=True))
 
-    async def end(self, client: AmqpClient, stream: str) -> int:
+    async def end(self, client: Any, stream: str) -> int:
         """The offset after the stream's last message (0 when it has none)."""
         if client is not self.client:  # a new connection: every watcher went with the old one
             if self.client is not None:
                 self.suspects.update(self.ends)
-            self.client, self.watchers, self.ends, self.moved, self.marks = client, {}, {}, set(), {}
-        watcher = self.watchers.get(stream)
+            self.client, self.ends, self.moved, self.marks = client, {}, set(), {}
+            self._new_client(client)
         fresh = time.monotonic() - self.measured.get(stream, -REMEASURE) < REMEASURE
-        if watcher is not None and watcher.is_open and stream not in self.moved and stream in self.ends and fresh:
+        if self._watching(stream) and stream not in self.moved and stream in self.ends and fresh:
             return self.ends[stream]
-        if watcher is not None:
-            await watcher.close()  # its unacked delivery goes with it: streams do not requeue
-        self.watchers[stream] = await self._watch(client, stream)
-        last = await probe.tail(client, stream)
+        self.moved.discard(stream)
+        await self._rewatch(client, stream)
+        last = await self._tail(client, stream)
         self.probes += 1
         self.measured[stream] = time.monotonic()
         self.ends[stream] = 0 if last is None else last[0] + 1
@@ -77,9 +79,46 @@ class TailWatch:
         taken, self.suspects = self.suspects, set()
         return taken
 
+    def _new_client(self, client: Any) -> None:
+        raise NotImplementedError
+
+    def _watching(self, stream: str) -> bool:
+        raise NotImplementedError
+
+    async def _rewatch(self, client: Any, stream: str) -> None:
+        """Drop the stream's watcher, if any, and attach a new one: before the measurement, so nothing
+        written in between goes unnoticed."""
+        raise NotImplementedError
+
+    async def _tail(self, client: Any, stream: str) -> tuple[int, bytes] | None:
+        raise NotImplementedError
+
+
+class TailWatch(TailBook):
+    """Over AMQP 0-9-1: a watcher is a channel consuming at ``next`` with prefetch 1."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.watchers: dict[str, ClientChannel] = {}
+
+    def _new_client(self, client: AmqpClient) -> None:
+        self.watchers = {}
+
+    def _watching(self, stream: str) -> bool:
+        watcher = self.watchers.get(stream)
+        return watcher is not None and watcher.is_open
+
+    async def _rewatch(self, client: AmqpClient, stream: str) -> None:
+        watcher = self.watchers.pop(stream, None)
+        if watcher is not None:
+            await watcher.close()  # its unacked delivery goes with it: streams do not requeue
+        self.watchers[stream] = await self._watch(client, stream)
+
+    async def _tail(self, client: AmqpClient, stream: str) -> tuple[int, bytes] | None:
+        return await probe.tail(client, stream)
+
     async def _watch(self, client: AmqpClient, stream: str) -> ClientChannel:
         channel = await client.channel()
-        self.moved.discard(stream)
 
         def on_delivery(*_: object) -> None:
             self.moved.add(stream)
