@@ -130,22 +130,26 @@ CONNECTION_KEYS = {
         "tls.checkHostname",
     )
 }
+# Options that only mean something when publishing over AMQP 0-9-1 (an exchange routes each message).
+AMQP_ONLY_SINK_KEYS = (
+    "exchange",
+    "mandatory",
+    "declareExchange",
+    "exchangeType",
+    "exchangeDurable",
+    "declareQueue",
+    "queueArguments",
+    "bindingKey",
+)
 SINK_KEYS = CONNECTION_KEYS | {
     k.lower(): k
     for k in (
-        "exchange",
+        *AMQP_ONLY_SINK_KEYS,
         "routingKey",
-        "mandatory",
         "persistent",
         "confirmTimeout",
         "maxInFlight",
         "maxMessageSize",
-        "declareExchange",
-        "exchangeType",
-        "exchangeDurable",
-        "declareQueue",
-        "queueArguments",
-        "bindingKey",
         "superStream",
         "filterValueColumn",
         "stream",
@@ -239,19 +243,6 @@ def parse_trigger(r: OptionReader, max_messages: int | None) -> TriggerOptions:
 MAX_MESSAGE_SIZE_3X = 134_217_728
 MAX_MESSAGE_SIZE_4X = 16_777_216
 EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
-
-
-# Options that only mean something when publishing over AMQP 0-9-1 (an exchange routes each message).
-AMQP_ONLY_SINK_KEYS = (
-    "exchange",
-    "mandatory",
-    "declareExchange",
-    "exchangeType",
-    "exchangeDurable",
-    "declareQueue",
-    "queueArguments",
-    "bindingKey",
-)
 
 
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
