@@ -22,7 +22,9 @@ def _read_to(p, s: str, end: int) -> StreamOffset:  # type: ignore[no-untyped-de
     from ..broker.helpers import wait_for
 
     found: list[StreamOffset] = []
-    assert wait_for(lambda: found.append(p.latest_offset({s: 0}, None, True)) or found[-1].get(s) == end, timeout=10, interval=0.02)
+    assert wait_for(lambda: found.append(p.latest_offset({s: 0}, None, True)) or found[-1].get(s) == end, timeout=30, interval=0.02), found[
+        -1:
+    ]
     return found[-1]
 
 
@@ -92,5 +94,5 @@ def test_a_stream_declared_again_under_a_running_query_is_told_apart(amqp_url: s
     delete_queue(amqp_url, s)
     declare_stream(amqp_url, s)
     publish(amqp_url, s, 100, 30)
-    message = _raises_within(lambda: p.latest_offset(end, None, True), timeout=20)
+    message = _raises_within(lambda: p.latest_offset(end, None, True), timeout=40)
     assert f"stream '{s}' holds another message at offset 19" in message, message
