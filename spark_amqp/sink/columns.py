@@ -149,7 +149,8 @@ class MessageBuilder:
     def _partition_indexes(self, columns: dict[str, pa.Array], n: int) -> list[int]:
         """Per row, the index of the super stream partition its key picks."""
         name = "partition_key" if "partition_key" in columns else "routing_key"
-        keys = self._names(columns.get(name), n, self.default_key, name)
+        # A key is only hashed (the row goes out under its partition's name): any length will do.
+        keys = self._names(columns.get(name), n, self.default_key, name, shortstr=False)
         routes, count = self._routes, len(self.partitions)
         if len(routes) > SHORTSTR_CACHE_MAX:
             routes.clear()
@@ -216,15 +217,15 @@ class MessageBuilder:
         )
         return AmqpOptionError(f"column '{column}', row {self.position + row} of this partition ({kind}{shown}): {reason}; {published}")
 
-    def _names(self, column: pa.Array | None, n: int, default: str | None, name: str) -> list[Any]:
-        """Per-row names; a null (or no column) takes ``default``."""
+    def _names(self, column: pa.Array | None, n: int, default: str | None, name: str, shortstr: bool = True) -> list[Any]:
+        """Per-row names; a null (or no column) takes ``default``. A ``shortstr`` goes on the wire: 255 bytes at most."""
         if column is None:
             return [default] * n
         values: list[Any] = column.to_pylist()
         for i, value in enumerate(values):
             if value is None:
                 values[i] = default
-            elif len(value.encode("utf-8")) > 255:
+            elif shortstr and len(value.encode("utf-8")) > 255:
                 raise self._bad(name, i, value, f"{len(value.encode('utf-8'))} bytes; AMQP allows at most 255")
         return values
 

@@ -76,6 +76,16 @@ def test_a_super_stream_write_reads_back_from_the_partitions_its_keys_pick(amqp_
     assert _read_back(amqp_url, name) == expected
 
 
+def test_a_partition_key_longer_than_a_routing_key_may_be_still_routes(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
+    # The key is only hashed: the message goes to its partition under the partition's name.
+    name = names.queue("orders")
+    _super_stream(amqp_url, name, 3)
+    key = "customer-" + "x" * 300
+    assert _publish(amqp_url, {"body": ["long"], "partition_key": [key]}, superStream=name).confirmed == 1
+    partition = f"{name}-{partition_of(key, 3)}"
+    assert _read_back(amqp_url, name) == [(partition, "long", partition)]
+
+
 def test_a_filter_value_column_lets_a_filtered_read_take_only_its_rows(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
     name = names.queue("regions")
     _super_stream(amqp_url, name, 2)
