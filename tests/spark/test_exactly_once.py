@@ -143,15 +143,15 @@ def _kill_between_delta_commit_and_commit_log(url: str, queue: str, work: Path, 
 
 
 def _kill_and_finish(url: str, queue: str, work: Path, journal: bool, publisher: threading.Thread, rng: random.Random) -> None:
-    """SIGKILL the query once between a Delta commit and the commit log, twice at random moments while
-    batches run, then finish what is left with an AvailableNow run."""
+    """SIGKILL the query once between a Delta commit and the commit log, once at a random moment while
+    batches run, then finish what is left with an AvailableNow run. (One random kill, not two: each costs a
+    JVM start, about 25 s of CI time for each of the three tests that call this.)"""
     _kill_between_delta_commit_and_commit_log(url, queue, work, journal)
-    for _ in range(2):
-        job = Job(url, queue, work, journal)
-        planned = _offsets_logged(work)
-        wait_for(lambda before=planned: _offsets_logged(work) > before, timeout=180)  # type: ignore[misc]
-        time.sleep(rng.uniform(0.0, 2.0))
-        job.kill()
+    job = Job(url, queue, work, journal)
+    planned = _offsets_logged(work)
+    wait_for(lambda: _offsets_logged(work) > planned, timeout=180)
+    time.sleep(rng.uniform(0.0, 2.0))
+    job.kill()
     publisher.join(120)
     assert not publisher.is_alive()
     final = Job(url, queue, work, journal, "--available-now")
@@ -198,7 +198,7 @@ def test_connection_drops_during_batches(spark, broker, names_plain, tmp_path: P
     queue = names_plain.queue("drop")
     _declare(url, queue)
     _publish(url, queue, MESSAGES, pause=0).join(120)
-    job = Job(url, queue, tmp_path, True, "--available-now", "--max-per-trigger", "200")
+    job = Job(url, queue, tmp_path, True, "--available-now", "--max-per-trigger", "300")
     job.wait_started()
     dropped = 0
     for _ in range(3):

@@ -260,6 +260,7 @@ def test_password_never_reaches_plans_offsets_checkpoints_or_logs(spark, tmp_pat
 
 
 @pytest.mark.embedded_only
+@pytest.mark.pinned  # the runtime answers the broker's basic.cancel: nothing here differs between PySpark lines (CI time)
 def test_consumer_timeout_with_a_longer_trigger_interval(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
     with EmbeddedBroker(consumer_timeout_ms=2000) as broker:
         # As RabbitMQ 4.3: a quorum queue's consumer is timed out with basic.cancel (3.10-4.2 closed
@@ -287,6 +288,7 @@ def test_consumer_timeout_with_a_longer_trigger_interval(spark, tmp_path) -> Non
 
 
 @pytest.mark.embedded_only
+@pytest.mark.pinned  # the runtime's reconnect: nothing here differs between PySpark lines (CI time)
 def test_connection_dropped_mid_stream(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
     with EmbeddedBroker(consumer_timeout_ms=None) as broker:
         publish(broker.url, "q", [])
