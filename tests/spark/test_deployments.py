@@ -9,10 +9,12 @@ tested here is Spark's deployment, and each case starts Spark anew (about 40 s).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -31,6 +33,9 @@ pytestmark = pytest.mark.spark
 JOB = Path(__file__).with_name("deploy_job.py")
 HIDDEN = Path(__file__).with_name("hidden")
 MESSAGES = 500
+# A local Spark Connect server listens on port 15002 (PySpark picks a free one only with SPARK_TESTING,
+# which changes more than that): runs on one machine (CI runs two PySpark lines at once) take turns.
+CONNECT_LOCK = Path(tempfile.gettempdir()) / "spark-amqp-connect-15002.lock"
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +58,10 @@ def _run(mode: str, url: str, work: Path, queues: tuple[str, str], register: boo
     if register:
         args.append("--register")
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HIDDEN), env.get("PYTHONPATH")) if p)
-    done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=420)
+    with CONNECT_LOCK.open("w") as lock:
+        if mode == "connect":
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=420)
     output = done.stdout + done.stderr
     assert done.returncode == 0 and "DONE" in done.stdout, output[-4000:]
     assert ("NOT FOUND before register" in done.stdout) == register, output[-4000:]
