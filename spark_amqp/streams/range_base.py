@@ -62,6 +62,13 @@ class RangeReader:
         self.widened = False  # the broker's filter takes the range's last message in too
         self.widen_due = False
 
+    @property
+    def exhausted(self) -> bool:
+        """Nothing more to hand out: the range is done, every row is out and every jump is checked. The loop
+        can run a few more callbacks after ``next_rows`` returns, so rows and jumps may come after it (a jump
+        past the range's end also ends the range, and unchecked it would end it short without a word)."""
+        return self.done and not self.rows and not self.gaps
+
     async def _connect(self) -> None:
         raise NotImplementedError
 

@@ -25,11 +25,7 @@ def read_range(options: StreamSourceOptions, part: StreamRange, batch_rows: int 
     kind = ProtocolRangeReader if options.connection.stream_protocol else AmqpRangeReader
     reader: RangeReader = kind(options, part)
     try:
-        # The loop can run a few more callbacks after next_rows returns, so rows may
-        # arrive (and the range end) between calls: stop only once they are all out, and
-        # once every jump they brought is checked (a jump past the end also ends the range,
-        # and unchecked it would end it short without a word).
-        while not reader.done or reader.rows or reader.gaps:
+        while not reader.exhausted:
             rows = loop.run_until_complete(reader.next_rows(batch_rows))
             if rows:
                 yield arrow.to_stream_batch(rows)
