@@ -20,6 +20,14 @@ def _filled(conn, names, n: int) -> tuple[object, str]:  # type: ignore[no-untyp
     return ch, q
 
 
+def _settled(conn, got: list, expected: int) -> int:  # type: ignore[no-untyped-def,type-arg]
+    """How many deliveries ``got`` holds once it reached ``expected`` (waited for: a loaded broker is slow)
+    and 0.5 s more passed, room for any delivery past a limit."""
+    wait_for(lambda: conn.process_data_events(time_limit=0.05) or len(got) >= expected)
+    conn.process_data_events(time_limit=0.5)
+    return len(got)
+
+
 def test_delivery_tags_increase_per_channel(conn, names) -> None:  # type: ignore[no-untyped-def]
     ch1, q = _filled(conn, names, 6)
     ch2 = conn.channel()
@@ -36,11 +44,9 @@ def test_per_consumer_prefetch_limits_unacked(conn, names) -> None:  # type: ign
     ch.basic_qos(prefetch_count=3)
     got: list = []  # type: ignore[type-arg]
     ch.basic_consume(q, lambda c, m, p, b: got.append(m))
-    conn.process_data_events(time_limit=0.5)
-    assert len(got) == 3
+    assert _settled(conn, got, 3) == 3
     ch.basic_ack(got[-1].delivery_tag, multiple=True)
-    conn.process_data_events(time_limit=0.5)
-    assert len(got) == 6
+    assert _settled(conn, got, 6) == 6
 
 
 def test_global_prefetch_is_shared_by_the_channel_until_4_3(conn, names, broker_version) -> None:  # type: ignore[no-untyped-def]
@@ -51,9 +57,7 @@ def test_global_prefetch_is_shared_by_the_channel_until_4_3(conn, names, broker_
     ch.basic_consume(q, lambda c, m, p, b: got.append(m))
     # 4.3 denies the deprecated feature global_qos by default and takes the limit per consumer.
     expected = 8 if broker_version >= (4, 3) else 4
-    wait_for(lambda: conn.process_data_events(time_limit=0.05) or len(got) >= expected)
-    conn.process_data_events(time_limit=0.5)  # room for any delivery past the limit
-    assert len(got) == expected
+    assert _settled(conn, got, expected) == expected
 
 
 def test_round_robin_between_consumers(conn, names) -> None:  # type: ignore[no-untyped-def]
