@@ -154,6 +154,9 @@ class StreamPlanner:
         return split(starts, ends, self.options.num_partitions, self.options.min_partition_size)
 
     def prepare_available_now(self) -> None:
+        # Spark calls this before initialOffset and latestOffset: a super stream found by name has no
+        # partitions yet, and a snapshot of no streams would make the run read nothing, successfully.
+        self._discover()
         self.available_now = self.ends()
         log.info("AMQP source: AvailableNow run reads up to %s", self.available_now)
 

@@ -9,6 +9,7 @@ import time
 import uuid
 from pathlib import Path
 
+import pika
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pyspark
@@ -21,7 +22,7 @@ from spark_amqp.streams.ranges import StreamRange
 
 from ..broker.helpers import wait_for
 from ..brokers import STREAM_URLS, version
-from ..streams.test_reading import declare_stream, offsets_and_ids, options, publish
+from ..streams.test_reading import add_partition, declare_stream, offsets_and_ids, options, publish, super_stream
 
 pytestmark = [pytest.mark.spark, pytest.mark.streams]
 PYSPARK_42 = tuple(int(p) for p in pyspark.__version__.split(".")[:2]) >= (4, 2)
@@ -222,3 +223,34 @@ def test_a_checkpoint_written_over_one_protocol_is_read_over_the_other(spark, am
     bounded = spark.read.format("amqp").option("uri", stream_url).option("stream", s)
     bounded = bounded.option("startingOffsets", json.dumps({s: 100})).option("endingOffsets", json.dumps({s: 250})).load()
     assert sorted(r["offset"] for r in bounded.select("offset").collect()) == list(range(100, 250))
+
+
+@pytest.mark.skipif(not PYSPARK_42, reason="AvailableNow is a single batch on PySpark 4.0/4.1 (no SupportsTriggerAvailableNow)")
+def test_scheduled_available_now_runs_read_every_partition_of_a_super_stream(spark, amqp_url: str, names, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A super stream found by name (no superStreamPartitions) read by scheduled AvailableNow runs: the
+    first reads every partition, the next reads a partition added in between from its first message
+    (over the stream protocol where the broker's port is known: the partitions come from its
+    ``partitions`` command there, by name over AMQP 0-9-1)."""
+    base = super_stream(amqp_url, names, 3)
+    out, checkpoint = tmp_path / "out", tmp_path / "c"
+
+    def run(uri: str) -> None:
+        df = spark.readStream.format("amqp").option("uri", uri).option("superStream", base).option("startingOffsets", "first")
+        query = df.load().select("queue", "message_id").writeStream.format("parquet").option("path", str(out))
+        query = query.option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
+        assert query.awaitTermination(240)
+        assert query.exception() is None
+
+    def read() -> list[tuple[str, str]]:
+        return sorted((r["queue"], r["message_id"]) for r in spark.read.parquet(str(out)).collect())
+
+    run(amqp_url)
+    assert read() == sorted((f"{base}-{i}", f"m{100 * i + j}") for i in range(3) for j in range(10 + i))
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    add_partition(conn.channel(), names, base, 3)
+    conn.close()
+    publish(amqp_url, f"{base}-3", 300, 13)
+    run(STREAM_URLS.get(amqp_url, amqp_url))
+    added = [(q, m) for q, m in read() if q == f"{base}-3"]
+    assert added == sorted((f"{base}-3", f"m{300 + j}") for j in range(13))
+    assert len(read()) == 10 + 11 + 12 + 13

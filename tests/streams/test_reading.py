@@ -326,11 +326,7 @@ def test_offsets_without_messages_are_not_data_loss(amqp_url: str, names) -> Non
 
 
 def test_a_super_stream_reads_its_partitions(amqp_url: str, names, planners) -> None:  # type: ignore[no-untyped-def]
-    base = names.queue("super")
-    for i in range(3):
-        names.queues.append(f"{base}-{i}")
-        declare_stream(amqp_url, f"{base}-{i}")
-        publish(amqp_url, f"{base}-{i}", 100 * i, 10 + i)
+    base = super_stream(amqp_url, names, 3)
     opts = parse_stream_options({"uri": reading_url(amqp_url), "superStream": base, "superStreamPartitions": "3"})
     p = planner(planners, opts)
     start = p.initial_offset()
@@ -406,6 +402,69 @@ def test_available_now_reads_to_where_the_streams_ended_when_the_run_started(amq
     second = p.latest_offset(first.to_json(), None, True)
     assert second == StreamOffset.of({s: 40})  # below the minimum, but the run must end
     assert p.latest_offset(second.to_json(), None, True) == second  # done: Spark ends the run
+
+
+def super_stream(url: str, names, partitions: int, base: str | None = None) -> str:  # type: ignore[no-untyped-def]
+    """A super stream as ``rabbitmq-streams add_super_stream`` makes it (its exchange binds partitions
+    ``<base>-0`` ... in order), each holding 10, 11, 12 ... messages (ids ``m<100 * partition + i>``)."""
+    base = base or names.queue("super")
+    names.exchanges.append(base)
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    ch = conn.channel()
+    ch.exchange_declare(base, "direct", durable=True, arguments={"x-super-stream": True})
+    for i in range(partitions):
+        add_partition(ch, names, base, i)
+        publish(url, f"{base}-{i}", 100 * i, 10 + i)
+    conn.close()
+    return base
+
+
+def add_partition(ch, names, base: str, i: int) -> str:  # type: ignore[no-untyped-def]
+    name = f"{base}-{i}"
+    names.queues.append(name)
+    ch.queue_declare(name, durable=True, arguments={"x-queue-type": "stream"})
+    ch.queue_bind(name, base, str(i), arguments={"x-stream-partition-order": i})
+    return name
+
+
+def _available_now_run(
+    p: StreamPlanner, start: dict[str, object] | None, limit: int | None = None
+) -> tuple[StreamOffset, list[StreamRange]]:
+    """One AvailableNow run, calling the planner in Spark's order: prepareForTriggerAvailableNow first (while
+    the query's plan is built), then initialOffset (a new query only), then latestOffset until it stops moving."""
+    p.prepare_available_now()
+    origin = p.initial_offset() if start is None else StreamOffset.from_json(start)
+    ranges: list[StreamRange] = []
+    for _ in range(20):
+        end = p.latest_offset(origin.to_json(), limit, False)
+        if end == origin:
+            return end, ranges
+        ranges += p.partitions(origin.to_json(), end.to_json())
+        origin = end
+    raise AssertionError(f"the AvailableNow run did not end: still moving at {origin}")
+
+
+def test_available_now_reads_every_partition_of_a_super_stream_found_by_name(amqp_url: str, names, planners) -> None:  # type: ignore[no-untyped-def]
+    """Spark prepares an AvailableNow run before it asks for the first offset: the partitions must be found
+    by then, or the run's snapshot holds no stream and the run reads nothing, successfully. A partition
+    added between two runs is read from its first message by the next one."""
+    base = super_stream(amqp_url, names, 3)
+    opts = parse_stream_options({"uri": reading_url(amqp_url), "superStream": base, "startingOffsets": "first"})
+    end, ranges = _available_now_run(planner(planners, opts), None, limit=15)
+    assert end == StreamOffset.of({f"{base}-0": 10, f"{base}-1": 11, f"{base}-2": 12})
+    ids = sorted(m for r in ranges for _, m in offsets_and_ids(opts, r))
+    assert ids == sorted(f"m{100 * i + j}" for i in range(3) for j in range(10 + i))
+
+    # The next scheduled run: a fourth partition, and more in the first.
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    add_partition(conn.channel(), names, base, 3)
+    conn.close()
+    publish(amqp_url, f"{base}-3", 300, 13)
+    publish(amqp_url, f"{base}-0", 10, 5)
+    again, ranges = _available_now_run(planner(planners, opts), end.to_json())
+    assert again == StreamOffset.of({f"{base}-0": 15, f"{base}-1": 11, f"{base}-2": 12, f"{base}-3": 13})
+    ids = sorted(m for r in ranges for _, m in offsets_and_ids(opts, r))
+    assert ids == sorted([f"m{10 + j}" for j in range(5)] + [f"m{300 + j}" for j in range(13)])
 
 
 def test_two_readers_of_one_stream_each_get_every_message(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
