@@ -60,6 +60,11 @@ class AvailableNow:
     def reached(self) -> bool:
         return not any(self.left.values())
 
+    @property
+    def outstanding(self) -> int:
+        """Messages this run has still to take, over every queue."""
+        return sum(self.left.values())
+
     def take(self, queue: str) -> bool:
         """Whether one more message of ``queue`` belongs to this run (then it is counted)."""
         if self.left.get(queue, 0) > 0:

@@ -150,6 +150,23 @@ def test_available_now_reads_what_was_there(amqp_url: str, names, embedded_or_no
     assert wait_for(lambda: counts(amqp_url, q, embedded_or_none) == (5, 0))
 
 
+def test_available_now_batches_are_full_while_the_broker_is_still_delivering(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
+    """Spark asks for the first batch the moment the consumer has subscribed: taking what had arrived by then
+    made a batch of a few messages, and each batch costs Spark a fixed 0.3-0.5 s. Every batch but the last
+    of a run is full."""
+    q = names.queue()
+    publish(amqp_url, q, [b"m%d" % i for i in range(2500)])
+    d = MicroBatchDriver(amqp_url, q, maxMessagesPerTrigger=1000, prefetch=2000)
+    try:
+        d.runtime.prepare_available_now()
+        sizes = []
+        while (planned := d.plan(wait=3)) is not None:
+            sizes.append(len(d.run_batch(*planned)))
+        assert sizes == [1000, 1000, 500]
+    finally:
+        d.close()
+
+
 # -- failures: embedded broker only -------------------------------------------------
 
 
