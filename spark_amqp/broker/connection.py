@@ -171,8 +171,17 @@ class BrokerConnection(HandshakeMethods, asyncio.Protocol):
             return None
         ch = self.channels.get(number)
         if ch is None:
+            self._check_channel_room()
             raise errors.UnexpectedFrame("expected method frame, got non method frame instead")
         return ch
+
+    def _check_channel_room(self) -> None:
+        """RabbitMQ starts a channel for any frame on a number it does not know, and refuses one more
+        than channel_max: it limits how many are open (a channel it closed counts until its close-ok),
+        whatever their numbers."""
+        opened = len(self.channels) + len(self.closing_channels)
+        if opened >= self.channel_max:
+            raise errors.NotAllowed(f"number of channels opened ({opened}) has reached the negotiated channel_max ({self.channel_max})")
 
     def _run_on_channel(self, ch: Channel, fn: Any, arg: Any) -> None:
         try:
@@ -230,13 +239,15 @@ class BrokerConnection(HandshakeMethods, asyncio.Protocol):
             elif isinstance(method, commands.Channel.Close):
                 self.send_method(number, commands.Channel.CloseOk())
             return
+        ch = self.channels.get(number)
+        if ch is None:
+            self._check_channel_room()
         if isinstance(method, commands.Channel.Open):
-            if number in self.channels:
+            if ch is not None:
                 raise errors.ChannelError("second 'channel.open' seen", 20, 10)
             self.channels[number] = Channel(self, number)
             self.send_method(number, commands.Channel.OpenOk())
             return
-        ch = self.channels.get(number)
         if ch is None:
             raise errors.ChannelError("expected 'channel.open'", *divmod(method.index, 0x10000))
         if isinstance(method, commands.Channel.Close):

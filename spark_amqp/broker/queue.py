@@ -42,13 +42,10 @@ class QueueArguments:
                 f"invalid arg 'x-queue-type' for queue '{name}' in vhost '/': {{unsupported_value,<<\"{kind}\">>}}"
             )
         self.kind: str = kind
-        if kind == "quorum":
-            if not durable:
-                raise errors.PreconditionFailed(f"invalid property 'non-durable' for queue '{name}' in vhost '/'")
-            if exclusive:
-                raise errors.PreconditionFailed(f"invalid property 'exclusive-owner' for queue '{name}' in vhost '/'")
-            if auto_delete:
-                raise errors.PreconditionFailed(f"invalid property 'auto-delete' for queue '{name}' in vhost '/'")
+        if kind == "quorum":  # RabbitMQ's order, as for streams: auto-delete, then exclusive, then non-durable
+            for refused, prop in ((auto_delete, "auto-delete"), (exclusive, "exclusive-owner"), (not durable, "non-durable")):
+                if refused:
+                    raise errors.PreconditionFailed(f"invalid property '{prop}' for queue '{name}' in vhost '/'")
         self.delivery_limit: int | None = None
         if kind == "quorum":
             limit = args.get("x-delivery-limit", QUORUM_DEFAULT_DELIVERY_LIMIT)

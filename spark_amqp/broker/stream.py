@@ -14,8 +14,10 @@ RabbitMQ's reply code and text (see tests/broker/test_streams.py).
 
 The same log serves the stream protocol (``stream_port``): its publishes are records
 of their own (``stream_records.NativeRecord``), its subscribers read whole chunks
-(``Chunk.osiris``) and are woken with the AMQP 0-9-1 consumers; ``store_offset``
-writes a tracking chunk, which takes an offset as the segments' tracking chunks do.
+(``Chunk.osiris``) and are woken with the AMQP 0-9-1 consumers. ``store_offset`` is
+written with the pass's batch, as osiris writes tracking with its writer's batch: in the
+trailer of the chunk of the messages that came with it, or, with none, as a tracking
+chunk of its own, which takes an offset as the segments' tracking chunks do.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import asyncio
 import bisect
 import struct
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from .. import errors
@@ -47,6 +50,7 @@ MAX_CHUNK_RECORDS = 256
 CHUNK_OVERHEAD = 64
 RECORD_OVERHEAD = 96
 TRACKING_CHUNK_SIZE = 64
+TRAILER_ENTRY = 10  # and the id's bytes
 _OFFSET_KEY = struct.Struct(">q")
 
 
@@ -68,13 +72,17 @@ class Watcher(Protocol):
 
 
 class Chunk:
-    __slots__ = ("filter", "first", "records", "timestamp_ms", "wire")
+    __slots__ = ("filter", "first", "records", "timestamp_ms", "trailer", "wire")
 
-    def __init__(self, first: int, timestamp_ms: int, records: list[Record]) -> None:
+    def __init__(self, first: int, timestamp_ms: int, records: list[Record], tracked: Iterable[str] = ()) -> None:
         self.first = first
         self.timestamp_ms = timestamp_ms
         self.records = records
         self.filter: ChunkFilter = chunk_filter(records)
+        # osiris' trailer holds an entry (type, id size, id, 64 bits) per writer with messages in the chunk
+        # and per offset stored with them, which deduplication and query_offset read back; a reader is sent
+        # the header, whose trailer length counts them, but not the trailer.
+        self.trailer = sum(TRAILER_ENTRY + len(i.encode()) for i in tracked)
         self.wire: bytes | None = None
 
     @property
@@ -84,7 +92,7 @@ class Chunk:
     def osiris(self) -> bytes:
         """The chunk as a stream-protocol reader gets it (osiris' layout, AMQP 1.0 records), built on its first read."""
         if self.wire is None:
-            self.wire = osiris.build(self.first, [amqp10_bytes(r) for r in self.records], self.timestamp_ms)
+            self.wire = osiris.build(self.first, [amqp10_bytes(r) for r in self.records], self.timestamp_ms, trailer_length=self.trailer)
         return self.wire
 
 
@@ -121,6 +129,8 @@ class StreamQueue:
         self._firsts: list[int] = []  # chunk first offsets, for bisect
         self.segments: list[Segment] = []
         self._open: list[Record] = []
+        self._open_writers: dict[str, None] = {}  # the writers of the records in _open, in order
+        self._open_tracking: dict[str, None] = {}  # references whose stored offset awaits the batch
         self._seal_handle: asyncio.Handle | None = None
         self.readers: list[Subscriber] = []
         self.watchers: set[Watcher] = set()
@@ -166,6 +176,7 @@ class StreamQueue:
             self._seal_handle.cancel()
             self._seal_handle = None
         self.chunks, self._firsts, self.segments, self._open = [], [], [], []
+        self._open_writers, self._open_tracking = {}, {}
         for consumer in list(self.consumers):
             consumer.cancelled_by_server()
         self.consumers.clear()
@@ -188,8 +199,12 @@ class StreamQueue:
 
     # -- writing -------------------------------------------------------------
 
-    def publish(self, message: Record, now: float) -> bool:
+    def publish(self, message: Record, now: float, writer: str | None = None) -> bool:
+        """``writer``: the id osiris writes it under (a producer's name, an AMQP 0-9-1 channel's own id),
+        None for an unnamed stream-protocol producer and for dead-lettering, which write without one."""
         self._open.append(message)
+        if writer is not None:
+            self._open_writers[writer] = None
         if len(self._open) >= MAX_CHUNK_RECORDS:
             self._seal()
         elif self._seal_handle is None:
@@ -201,7 +216,13 @@ class StreamQueue:
             self._seal_handle.cancel()
             self._seal_handle = None
         records, self._open = self._open, []
-        if not records or self.deleted:
+        writers, self._open_writers = self._open_writers, {}
+        tracking, self._open_tracking = self._open_tracking, {}
+        if self.deleted:
+            return
+        if not records:
+            if tracking:
+                self._write_tracking_chunk()
             return
         now_ms = int(time.time() * 1000)
         size = CHUNK_OVERHEAD + sum(RECORD_OVERHEAD + record_size(m) for m in records)
@@ -219,7 +240,7 @@ class StreamQueue:
             # RabbitMQ stores stream messages as AMQP 1.0; headers come back sorted by key.
             offset = {"x-stream-offset": b"l" + _OFFSET_KEY.pack(first + i)}
             message.header = with_delivery_mode(with_header_entries(message.header, offset, sort_keys=True))
-        self.chunks.append(Chunk(first, now_ms, records))
+        self.chunks.append(Chunk(first, now_ms, records, [*writers, *tracking]))
         self._firsts.append(first)
         self.next_offset = first + len(records)
         self.last_chunk_id = first
@@ -230,11 +251,16 @@ class StreamQueue:
         self.dispatch()
 
     def store_offset(self, reference: str, offset: int) -> None:
-        """A tracking chunk: it takes one offset no reader sees, as RabbitMQ's does."""
-        self._seal()
+        """Tracking, written with this pass's batch; a query sees it at once (osiris answers from its pending tracking too)."""
+        self.tracked_offsets[reference] = offset
+        self._open_tracking[reference] = None
+        if self._seal_handle is None:
+            self._seal_handle = asyncio.get_running_loop().call_soon(self._seal)
+
+    def _write_tracking_chunk(self) -> None:
+        """Tracking that came without messages: a chunk that takes one offset no reader sees, as RabbitMQ's does."""
         if not self.segments:
             self.segments.append(Segment(self.next_offset, 0, int(time.time() * 1000)))
-        self.tracked_offsets[reference] = offset
         self.last_chunk_id = self.next_offset
         self.next_offset += 1
         self.segments[-1].size += TRACKING_CHUNK_SIZE

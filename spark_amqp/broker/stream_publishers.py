@@ -85,7 +85,7 @@ class StreamPublishers:
                     continue  # a duplicate: not stored, confirmed all the same
                 queue.writer_sequences[reference] = publishing_id
             for raw in records:
-                queue.publish(NativeRecord(raw, filter_value), now)
+                queue.publish(NativeRecord(raw, filter_value), now, reference)
         if rejected:
             self._publish_errors(pub_id, rejected)
         if confirmed:

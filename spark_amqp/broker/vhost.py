@@ -116,9 +116,13 @@ class VirtualHost:
             name = "amq.gen-" + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
         elif name.startswith("amq."):
             raise errors.AccessRefused(f"queue name '{name}' contains reserved prefix 'amq.*'")
+        if exclusive:
+            durable = False  # RabbitMQ declares an exclusive queue transient whatever durable says
         existing = self.queues.get(name)
         if existing is not None:
-            self._check_owner(existing, owner)
+            # Strict: a declare must say exclusive exactly when the queue is, and come from its owner.
+            if existing.exclusive_owner is not (owner if exclusive else None):
+                raise self._locked(existing)
             mismatch = existing.equivalent(durable, exclusive, auto_delete, arguments)
             if mismatch is not None:
                 raise errors.PreconditionFailed(mismatch)
@@ -142,11 +146,14 @@ class VirtualHost:
 
     def _check_owner(self, queue: Queue, owner: object) -> None:
         if queue.exclusive_owner is not None and queue.exclusive_owner is not owner:
-            raise errors.ResourceLocked(
-                f"cannot obtain exclusive access to locked queue '{queue.name}' in vhost '{self.name}'. "
-                "It could be originally declared on another connection or the exclusive property value "
-                "does not match that of the original declaration."
-            )
+            raise self._locked(queue)
+
+    def _locked(self, queue: Queue) -> errors.ResourceLocked:
+        return errors.ResourceLocked(
+            f"cannot obtain exclusive access to locked queue '{queue.name}' in vhost '{self.name}'. "
+            "It could be originally declared on another connection or the exclusive property value "
+            "does not match that of the original declaration."
+        )
 
     def bind(self, queue_name: str, exchange_name: str, routing_key: str, arguments: dict[str, Any], owner: object) -> None:
         if exchange_name == "":
@@ -176,6 +183,10 @@ class VirtualHost:
         exchange = self.exchanges.get(exchange_name)
         if queue is None or exchange is None:
             return  # unbinding something that is not there succeeds in 3.10
+        # A binding that is not there is no use of the queue: unbinding it succeeds even on another
+        # connection's exclusive queue.
+        if not any(b.same_as(queue, routing_key, arguments) for b in exchange.bindings):
+            return
         self._check_owner(queue, owner)
         exchange.unbind(queue, routing_key, arguments)
         self._auto_delete_exchange(exchange)

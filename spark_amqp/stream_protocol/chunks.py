@@ -108,10 +108,11 @@ def _sub_batch(body: bytes, compression: int, count: int, first: int) -> list[by
     return out
 
 
-def build(first_offset: int, messages: list[bytes], timestamp_ms: int, epoch: int = 1) -> bytes:
-    """A user chunk of simple entries, as a consumer receives it (the embedded broker's ``deliver``)."""
+def build(first_offset: int, messages: list[bytes], timestamp_ms: int, epoch: int = 1, trailer_length: int = 0) -> bytes:
+    """A user chunk of simple entries, as a consumer receives it (the embedded broker's ``deliver``); the
+    trailer's length is in the header, but a reader is not sent the trailer itself."""
     data = b"".join(_SIMPLE.pack(len(m)) + m for m in messages)
     head = HEADER.pack(
-        MAGIC_VERSION, USER, len(messages), len(messages), timestamp_ms, epoch, first_offset, zlib.crc32(data), len(data), 0, 0
+        MAGIC_VERSION, USER, len(messages), len(messages), timestamp_ms, epoch, first_offset, zlib.crc32(data), len(data), trailer_length, 0
     )
     return head + data

@@ -166,6 +166,48 @@ def test_channel_open_twice_and_unopened_channel_are_504(amqp_url: str) -> None:
     assert isinstance(close, commands.Connection.Close) and close.reply_code == 504
 
 
+def _closed_connection(client: RawClient) -> tuple[int, str, int, int]:
+    _, close = client.read_method(timeout=10)
+    assert isinstance(close, commands.Connection.Close), close
+    return close.reply_code, close.reply_text, close.class_id, close.method_id
+
+
+def _channel_max_reached(opened: int) -> tuple[int, str, int, int]:
+    return 530, f"NOT_ALLOWED - number of channels opened ({opened}) has reached the negotiated channel_max ({opened})", 0, 0
+
+
+def test_channel_max_limits_how_many_channels_are_open_not_their_numbers(amqp_url: str) -> None:
+    client = RawClient(amqp_url)
+    client.handshake(channel_max=3)
+    client.read_method()
+    for number in (1, 2048, 65535):  # numbers above channel_max are fine (3.10, 4.0 and 4.3 alike)
+        client.open_channel(number)
+    client.send(2048, commands.Channel.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
+    _, close_ok = client.read_method()
+    assert isinstance(close_ok, commands.Channel.CloseOk)
+    client.open_channel(4)  # a closed channel frees its place
+    # A channel the broker closed keeps its place until the client's close-ok.
+    client.send(4, commands.Queue.Declare(queue="test.missing.queue", passive=True))
+    _, close = client.read_method()
+    assert isinstance(close, commands.Channel.Close) and close.reply_code == 404
+    client.send(5, commands.Channel.Open())
+    assert _closed_connection(client) == _channel_max_reached(3)
+
+
+def test_any_frame_on_a_new_channel_counts_against_channel_max(amqp_url: str) -> None:
+    client = RawClient(amqp_url)
+    client.handshake(channel_max=2)
+    client.read_method()
+    client.open_channel(1)
+    client.open_channel(2)
+    client.send(2, commands.Queue.Declare(queue="test.missing.queue", passive=True))
+    client.read_method()
+    client.send(2, commands.Channel.CloseOk())
+    client.open_channel(3)  # close-ok given: the place is free again
+    client.send(4, commands.Queue.Declare(queue="", exclusive=True))  # not channel.open (that alone would be 504)
+    assert _closed_connection(client) == _channel_max_reached(2)
+
+
 def test_connection_close_by_client_is_acknowledged(amqp_url: str) -> None:
     conn = connect(amqp_url)
     conn.channel()

@@ -10,7 +10,7 @@ import time
 
 import pika
 import pytest
-from pamqp import commands
+from pamqp import commands, frame, header
 
 from ..rawclient import RawClient
 from .helpers import connect, drain, ready_count
@@ -202,11 +202,36 @@ def test_immediate_flag_is_540(amqp_url: str) -> None:
     client.open_channel(1)
     client.publish(1, "", "x", b"m")
     client.send(1, commands.Basic.Publish(exchange="", routing_key="x", immediate=True))
-    from pamqp import header
-
     client.send(1, header.ContentHeader(0, 0, commands.Basic.Properties()))
     _, close = client.read_method()
     assert isinstance(close, commands.Connection.Close) and close.reply_code == 540
+
+
+def test_an_oversized_message_is_refused_once_its_whole_body_is_read(amqp_url: str, broker_version: tuple[int, int]) -> None:
+    # The default max_message_size: 128 MiB up to 3.x, 16 MiB from 4.0 (the embedded broker's).
+    limit = 128 * 1024 * 1024 if broker_version < (4, 0) else 16 * 1024 * 1024
+    client = RawClient(amqp_url, timeout=30)
+    client.handshake()
+    client.read_method()
+    client.open_channel(1)
+    client.send(1, commands.Basic.Publish(exchange="", routing_key="test.nowhere"))
+    client.send(1, header.ContentHeader(0, limit + 1, commands.Basic.Properties()))
+    with pytest.raises(TimeoutError):  # the header says how big: RabbitMQ waits for the body all the same
+        client.read_method(timeout=1.0)
+    piece = b"x" * (client.frame_max - 8)
+    for _ in range(limit // len(piece)):
+        client.send_raw(frame._marshal(3, 1, piece))
+    client.send_raw(frame._marshal(3, 1, piece[: limit % len(piece)]))
+    with pytest.raises(TimeoutError):  # one byte to go
+        client.read_method(timeout=0.5)
+    client.send_raw(frame._marshal(3, 1, b"x"))
+    _, close = client.read_method(timeout=30)
+    assert isinstance(close, commands.Channel.Close)
+    expected = f"PRECONDITION_FAILED - message size {limit + 1} is larger than configured max size {limit}"
+    assert (close.reply_code, close.reply_text, close.class_id, close.method_id) == (406, expected, 60, 40)
+    client.send(1, commands.Channel.CloseOk())
+    client.open_channel(2)  # only the channel went
+    client.close()
 
 
 class _AsyncPublisher:
