@@ -10,7 +10,12 @@ STAMP := $(VENV)/.installed
 JARS_DIR := .cache/jars
 JARS_STAMP := $(JARS_DIR)/.stamp
 # The other PySpark lines the Spark tests run on (.venv is the pinned one, conf/constraints.txt).
-PYSPARK_LINES := 4.0 4.1
+PYSPARK_LINES := 4.0 4.1 4.2
+# The newest PySpark line Delta Lake is built for (conf/delta/pom.xml): the tests marked `delta`,
+# the demo and the Delta benchmarks run in its venv, where the wheel is installed as a user would.
+DELTA_LINE := 4.2
+DELTA_VENV := .venv-pyspark$(DELTA_LINE)
+DELTA_PY := $(DELTA_VENV)/bin/python
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 WHEEL := dist/spark_amqp-$(VERSION)-py3-none-any.whl
 SOURCES := pyproject.toml README.md pyspark_amqp.py $(shell find spark_amqp -name '*.py' -o -name py.typed)
@@ -101,10 +106,12 @@ streamclient: $(STREAMCLIENT_CLASS)
 
 ## Run the test suite: the embedded broker always; real RabbitMQ too when AMQP_TEST_BROKERS (or
 ## AMQP_TEST_URL) is set. The tests without Spark run in TEST_WORKERS processes, then the Spark
-## tests in one (they share one SparkSession).
-test: $(STAMP) $(JARS_STAMP)
+## tests in one (they share one SparkSession) on the pinned PySpark, then the tests that need
+## Delta on the Delta line's venv.
+test: $(STAMP) $(JARS_STAMP) $(DELTA_VENV)/.wheel
 	$(PY) -m pytest -m "not spark" -n $(TEST_WORKERS) $(PYTEST_ARGS)
-	$(PY) -m pytest -m spark --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -m "spark and not delta" --durations=15 $(PYTEST_ARGS)
+	$(DELTA_PY) -m pytest -m "spark and delta" --durations=5 $(PYTEST_ARGS)
 
 ## RabbitMQ 3.10, 4.0 and 4.3 side by side (and a 4.3 that denies a deprecated feature), installed and
 ## started; then: export AMQP_TEST_BROKERS="$$(tools/rabbitmq urls)" AMQP_TEST_DENYING_URL="$$(tools/rabbitmq url 4.3-deny)"
@@ -113,8 +120,8 @@ rabbitmq:
 	tools/rabbitmq install
 	tools/rabbitmq start
 
-## The Spark tests on another PySpark line (tests marked `delta` need the pinned one, `pinned` run there only), on the
-## embedded broker: what differs between PySpark lines does not depend on the RabbitMQ line.
+## The Spark tests on another PySpark line (tests marked `delta` run in `make test` on the Delta line, `pinned` on the
+## pinned line only), on the embedded broker: what differs between PySpark lines does not depend on the RabbitMQ line.
 $(PYSPARK_LINES:%=test-pyspark%): test-pyspark%: .venv-pyspark%/.wheel
 	env -u AMQP_TEST_BROKERS -u AMQP_TEST_URL .venv-pyspark$*/bin/python -m pytest tests/spark -m "spark and not delta and not pinned" $(PYTEST_ARGS)
 
@@ -141,9 +148,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-## The main job: embedded broker -> streaming source -> Delta table (exactly once), with progress and a summary.
-demo: $(STAMP) $(JARS_STAMP)
-	$(PY) examples/amqp_to_delta.py $(DEMO_ARGS)
+## The main job: embedded broker -> streaming source -> Delta table (exactly once), with progress and a summary,
+## on the Delta line's PySpark (no Delta Lake is built for PySpark 4.3 yet).
+demo: $(JARS_STAMP) $(DELTA_VENV)/.wheel
+	$(DELTA_PY) examples/amqp_to_delta.py $(DEMO_ARGS)
 
 ## Start a standalone embedded broker on 127.0.0.1:$(BROKER_PORT) (not RabbitMQ's 5672).
 broker: $(STAMP)
