@@ -237,7 +237,7 @@ def main() -> int:
 
 def backlog(query, url: str, queue: str) -> str:  # type: ignore[no-untyped-def]
     """What is left to read: the source's own report on PySpark 4.2+ (ready on the broker plus
-    prefetched, README "Backlog in the query's progress"), else the queue's ready count."""
+    prefetched, docs/queue-source.md, "Backlog in the query's progress"), else the queue's ready count."""
     progress = query.lastProgress
     latest = progress.sources[0].latestOffset if progress is not None and progress.sources else None
     if latest:

@@ -23,7 +23,7 @@ class AmqpDataSource(DataSource):
     In stream mode (option ``stream``), ``offset`` replaces ``delivery_tag`` and
     ``redelivered``.
 
-    Options: see the README's options table. Example::
+    Options: see the option tables in docs/queue-source.md, docs/streams.md and docs/sink.md. Example::
 
         spark.readStream.format("amqp")
             .option("uri", "amqp://user@rabbit:5672/%2F")

@@ -3,7 +3,7 @@
 RabbitMQ stores every message in a stream as AMQP 1.0 and converts it back when an AMQP 0-9-1
 consumer reads it. A row read over the stream protocol must equal the row the 0-9-1 reader
 makes of the same offset, so this module applies RabbitMQ's conversion, measured on each
-version (``Conversion``; README, "Streams over the stream protocol"):
+version (``Conversion``; docs/streams.md, "Over the stream protocol"):
 
 - exchange and routing key from the ``x-exchange`` / ``x-routing-key`` annotations (the
   stream's name and ``""`` when absent, as RabbitMQ shows a message published there directly);

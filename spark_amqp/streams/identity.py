@@ -12,7 +12,7 @@ The mark comes from the tail probe's last message when a batch reads to the end,
 and from one probe at the batch's last offset when it stops short of it. A
 message that retention has removed cannot be checked, nor can a position
 without a mark (where the query starts, or a checkpoint written before marks);
-both go unchecked, as the README says.
+both go unchecked, as docs/streams.md says.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from .ranges import StreamRange
 __all__ = ["ACK_SHARE", "AmqpRangeReader"]
 
 # Credit goes back every prefetch/ACK_SHARE messages. RabbitMQ 3.10 refills a stream consumer
-# in its channel process with work that grows faster than the ack's size (README, "How a
+# in its channel process with work that grows faster than the ack's size (docs/streams.md, "How a
 # batch is planned and read"): one consumer read 57-63k msg/s acking every 1000 of 2000,
 # 75-85k acking every 125.
 ACK_SHARE = 16

@@ -424,7 +424,7 @@ def test_stream_response_errors_keep_their_code() -> None:
 
 
 def test_the_broker_forgets_the_least_recently_used_names_past_255_when_a_segment_starts(stream_node: Node, stream_name: str) -> None:
-    """What the README says of the producer-name limit (osiris_tracking's max_sequences, 255): nothing is refused;
+    """What docs/sink.md says of the producer-name limit (osiris_tracking's max_sequences, 255): nothing is refused;
     when the stream starts a new segment file, only the 255 most recently used names are kept, and a name the
     broker forgot is deduplicated no more."""
     if stream_node[0] == "embedded":

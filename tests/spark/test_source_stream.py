@@ -191,7 +191,7 @@ def test_several_queues_in_one_stream_including_quorum(spark, amqp_url: str, nam
 def test_available_now_on_this_pyspark_line(spark, amqp_url: str, names, embedded_or_none, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """4.2+: batches of at most maxMessagesPerTrigger until the queue is drained, all acked.
     4.0/4.1: Spark runs one batch and never commits it to the source, so nothing is acked
-    and every message is back in the queue once the run ends (README, "PySpark versions")."""
+    and every message is back in the queue once the run ends (docs/pyspark-versions.md)."""
     q = names.queue()
     publish(amqp_url, q, [b"m%d" % i for i in range(50)], message_id=lambda i: f"id{i}")
     query = (

@@ -5,7 +5,7 @@ queues held when it started, in batches, and stops. On 4.0 and 4.1 Spark wraps t
 instead: it asks once for the latest offset, runs that one batch and stops, and never
 tells the source the batch was committed, so its messages are never acknowledged and come
 back in the next run. There, a query with the default trigger is stopped once the test's
-condition holds (``README``, "PySpark versions").
+condition holds (docs/pyspark-versions.md).
 """
 
 from __future__ import annotations
