@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 from importlib.metadata import PackageNotFoundError, version
+from importlib.util import find_spec
 from typing import Any
 
 from . import pamqp_fixes  # noqa: F401  (before any module encodes a field table)
@@ -22,8 +24,30 @@ def register(spark: Any) -> None:
     the Python it starts for its workers, once per JVM. Call this where that lookup cannot
     see the package: a notebook-scoped ``%pip`` install, an editable install, another
     ``PYSPARK_PYTHON``. Registering twice is harmless.
+
+    It also makes ``spark`` the active session of the calling thread (classic Spark): call it
+    in every thread of your own that runs ``df.write`` or ``writeStream`` with ``format("amqp")``.
     """
     # Imported here so that `import spark_amqp` (and its version) works without PySpark.
     from .datasource import AmqpDataSource
 
-    spark.dataSource.register(AmqpDataSource)
+    try:
+        spark.dataSource.register(AmqpDataSource)
+    except Exception as e:
+        # Spark 4.0 (not 4.1+) refuses to replace a data source that auto-registration found
+        # (DataSourceManager.registerDataSource): when pyspark_amqp is importable, that is this one.
+        if "DATA_SOURCE_ALREADY_EXISTS" not in str(e) or find_spec("pyspark_amqp") is None:
+            raise
+    # Classic Spark's writers (df.write.save, writeStream.start; not the readers) find a Python
+    # data source through the JVM's *active* session, a thread-local (DataSource.lookupDataSource:
+    # SparkSession.getActiveSession), not through the DataFrame's session. PySpark pins each
+    # Python thread to a JVM thread of its own, where no session is active: from a thread of the
+    # user's the write fails with DATA_SOURCE_NOT_FOUND (amqp.DefaultSource), registered or
+    # auto-registered alike. Set it for this thread, as PySpark's createDataFrame does. Spark
+    # Connect sessions have no _jsparkSession (its server runs each command in its session).
+    jsession = getattr(spark, "_jsparkSession", None)
+    if jsession is not None:
+        try:
+            type(spark)._get_j_spark_session_class(spark._jvm).setActiveSession(jsession)
+        except Exception as err:  # e.g. py4j calls not allowed (Databricks table ACLs): registered all the same
+            logging.getLogger("spark_amqp").debug("spark_amqp.register: this thread's active session not set: %s", err)
