@@ -1,20 +1,34 @@
-"""Source throughput against a raw pika consumer draining the same load, in the same run.
+"""Queue mode's throughput against raw pika and RabbitMQ's PerfTest on the same queue, in the same run.
 
-    AMQP_TEST_URL=amqp://guest:guest@127.0.0.1:5672/%2F python benchmarks/source_throughput.py
+    make perftest   # PerfTest's jars into .cache/perftest (Maven), once
+    AMQP_TEST_URL=amqp://guest:guest@127.0.0.1:5690/%2F .venv/bin/python benchmarks/source_throughput.py
+    # source -> Delta against source -> noop (Delta runs on the Delta line's PySpark):
+    AMQP_TEST_URL=... .venv-pyspark4.2/bin/python benchmarks/source_throughput.py --sinks noop,delta,noop,delta --journal-pairs 2
 
-For each sink (noop, parquet, delta, delta with the batch journal) it preloads
-``--messages`` x 200-byte messages,
-streams them with Trigger.AvailableNow, and divides by the time from the first
-batch's start to the last batch's end (query start-up, 5-9 s on 2 cores, is
-reported apart). The baseline is pika's SelectConnection consumer with prefetch
-1000 and a multi-ack every 1000 on the same queue contents, run before the first
-sink and again after every sink: each sink is compared with the mean of the
-baseline runs around it (the machine's pace drifts). Then it streams a
-``--backlog`` queue and samples the source runner's resident memory, which
-must stay flat (bounded by the prefetch, not the backlog). The two Delta runs
-run ``--repeat`` times in ABBA order; the journal's cost is the ratio of their medians.
+For each sink in ``--sinks`` it preloads ``--messages`` x 200-byte messages and reads them with
+Trigger.AvailableNow and the source's default batch size (``--max-per-trigger`` to set one). The
+rate is the rows over the batches' processing time (from the query's progress), *steady* leaving out
+the first batch, which also pays for the query's first Python worker and holds whatever had
+arrived. Baselines on the same queue contents, before the first sink and after each one (each sink
+is compared with the mean of the runs around it; the machine's pace drifts):
 
-Without AMQP_TEST_URL it runs against the embedded broker in its own process.
+- raw pika: SelectConnection, prefetch 1000, a multi-ack every 1000;
+- PerfTest (Java), prefetch 1000, a multi-ack every 1000: the broker's limit with the best client;
+- PerfTest with the source's own ack pattern: its prefetch, and one multi-ack per batch (the
+  source holds a batch unacknowledged until Spark commits it): the broker's limit for that pattern.
+
+Each run also reports where the time goes: the CPU per message of each process group (the measured
+RabbitMQ node, the source runner on the driver, Spark's JVM, the executors' Python workers, the
+baseline client) from /proc, and the median time of each phase of a steady batch from Spark's
+progress (latestOffset: the source's planning, waiting for deliveries included; walCommit and
+commitOffsets: Spark's offset and commit logs; addBatch: the tasks and the sink).
+
+``--journal-pairs N`` adds N pairs of Delta runs without and with ``journalLocation`` in ABBA order
+(Delta keeps getting faster as the JVM warms up): the journal's cost is the ratio of their medians.
+``--backlog N`` reads a backlog of N messages and samples the source runner's resident memory,
+which must stay flat (bounded by the prefetch, not the backlog).
+
+Without AMQP_TEST_URL it runs against the embedded broker in its own process (no PerfTest then).
 """
 
 from __future__ import annotations
@@ -22,22 +36,28 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import shutil
 import statistics
 import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 
 import pika_baseline as pb
-from spark_runs import run_to_end, spark_session
+from machine import BROKER_PIDS, PERFTEST_DIR, RUNNER, CpuMeter, listening_pid, perftest
+from spark_runs import BatchLog, run_to_end, spark_session
+
+from spark_amqp.queues.options import parse_source_options
 
 BODY = b"x" * 200
-RUNNER = "python_streaming_source_runner"
+PHASES = ("latestOffset", "walCommit", "queryPlanning", "addBatch", "commitOffsets")
 
 
 def runner_pids() -> list[int]:
@@ -81,20 +101,34 @@ class RssSampler:
         return max((rss for _, rss in self.samples), default=0)
 
 
-def stream_once(spark, url: str, queue: str, sink: str, max_per_trigger: int, workdir: str) -> tuple[float, float, int, float]:  # type: ignore[no-untyped-def]
-    """(processing seconds, wall seconds, rows, steady-state msg/s) for one AvailableNow run.
+class Run:
+    """One AvailableNow run of the source into a sink: its batches, rates and where the time went."""
 
-    Steady state leaves out the first batch, which also pays for the query's first
-    Python worker (imports, about 2 s on 2 cores) and holds whatever arrived first.
-    """
+    def __init__(self, log: BatchLog, wall: float, cpu: CpuMeter) -> None:
+        self.rows = log.rows
+        self.batches = log.batches
+        self.wall = wall
+        self.cpu = cpu
+        steady = self.batches[1:]
+        self.all_rate = log.rows / log.seconds
+        self.steady = sum(b[0] for b in steady) / sum(b[1] for b in steady) if steady else self.all_rate
+        phases: dict[str, list[int]] = {}
+        for progress in log.query.recentProgress[1:]:
+            if progress.numInputRows:
+                for phase in PHASES:
+                    phases.setdefault(phase, []).append(progress.durationMs.get(phase, 0))
+        self.phases = {p: statistics.median(v) for p, v in phases.items()}
+        self.sizes = [b[0] for b in self.batches]
+
+    def where(self) -> str:
+        phases = ", ".join(f"{p} {ms:.0f}" for p, ms in self.phases.items())
+        sizes = statistics.median(self.sizes[1:] or self.sizes)
+        return f"{len(self.batches)} batches (median {sizes:.0f} rows); a steady batch's phases in ms (medians): {phases}"
+
+
+def stream_once(spark, url: str, queue: str, sink: str, options: dict[str, str], workdir: str) -> Run:  # type: ignore[no-untyped-def]
     run = f"{sink}-{time.monotonic_ns()}"
-    reader = (
-        spark.readStream.format("amqp")
-        .option("uri", url)
-        .option("queue", queue)
-        .option("maxMessagesPerTrigger", str(max_per_trigger))
-        .option("prefetch", str(min(65535, 2 * max_per_trigger)))
-    )
+    reader = spark.readStream.format("amqp").option("uri", url).option("queue", queue).options(**options)
     if sink.endswith("+journal"):
         reader = reader.option("journalLocation", os.path.join(workdir, f"journal-{run}"))
     writer = reader.load().writeStream.option("checkpointLocation", os.path.join(workdir, f"ckpt-{run}")).trigger(availableNow=True)
@@ -102,10 +136,9 @@ def stream_once(spark, url: str, queue: str, sink: str, max_per_trigger: int, wo
         writer = writer.format("noop")
     else:
         writer = writer.format(sink.split("+")[0]).option("path", os.path.join(workdir, f"out-{run}"))
-    log, wall = run_to_end(spark, writer)
-    later = log.batches[1:]
-    steady = sum(b[0] for b in later) / sum(b[1] for b in later) if later else log.rows / log.seconds
-    return log.seconds, wall, log.rows, steady
+    with CpuMeter() as cpu:
+        log, wall = run_to_end(spark, writer)
+    return Run(log, wall, cpu)
 
 
 def preload(url: str, queue: str, count: int) -> None:
@@ -113,81 +146,133 @@ def preload(url: str, queue: str, count: int) -> None:
     pb.publish_async(url, queue, count, BODY, window=2000)
 
 
+def perftest_consume(jars: Path, url: str, queue: str, count: int, prefetch: int, ack_every: int) -> float:
+    """PerfTest's average rate (msg/s) draining ``count`` preloaded messages with one consumer."""
+    out = perftest(
+        jars,
+        url,
+        *("--predeclared", "--queue", queue, "--producers", "0", "--consumers", "1"),
+        *("--qos", str(prefetch), "--multi-ack-every", str(ack_every), "--cmessages", str(count), "--time", "600"),
+    )
+    found = re.search(r"receiving rate avg: (\d+) msg/s", out)
+    if "Consumer reached message limit" not in out or not found:
+        raise RuntimeError(f"PerfTest did not read {count} messages:\n{out[-2000:]}")
+    return float(found.group(1))
+
+
+class Baselines:
+    """The baseline clients on the same queue contents; each measurement is kept, with its CPU."""
+
+    def __init__(self, url: str, queue: str, count: int, jars: Path | None, prefetch: int, batch: int) -> None:
+        self.url, self.queue, self.count, self.jars = url, queue, count, jars
+        self.kinds = {"pika": (1000, 1000)}
+        if jars is not None:
+            self.kinds["PerfTest"] = (1000, 1000)
+            self.kinds["PerfTest, source's pattern"] = (prefetch, batch)
+        self.rates: dict[str, list[float]] = {k: [] for k in self.kinds}
+
+    def measure(self, when: str) -> None:
+        for kind, (prefetch, ack_every) in self.kinds.items():
+            preload(self.url, self.queue, self.count)
+            with CpuMeter() as cpu:
+                if kind == "pika":
+                    rate = self.count / pb.consume(self.url, self.queue, self.count, prefetch=prefetch, ack_every=ack_every)
+                else:
+                    assert self.jars is not None
+                    rate = perftest_consume(self.jars, self.url, self.queue, self.count, prefetch, ack_every)
+            self.rates[kind].append(rate)
+            print(f"{kind} (prefetch {prefetch}, a multi-ack every {ack_every}), {when}: {rate:9,.0f} msg/s\n    {cpu.summary(self.count)}")
+
+    def around(self, kind: str) -> float:
+        """The mean of the last two measurements: the one before a sink's run and the one after it."""
+        return statistics.mean(self.rates[kind][-2:])
+
+
 @contextlib.contextmanager
 def broker_url() -> Iterator[tuple[str, str]]:
     real = os.environ.get("AMQP_TEST_URL")
     if real:
+        node = listening_pid(urllib.parse.urlsplit(real).port or 5672)
+        if node is not None:
+            BROKER_PIDS.add(node)  # other RabbitMQ nodes on the machine count as other jobs
         yield real, "RabbitMQ"
     else:
-        with pb.embedded_broker_process() as (url, _):
+        with pb.embedded_broker_process() as (url, pid):
+            BROKER_PIDS.add(pid)
             yield url, "embedded broker"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--messages", type=int, default=200_000)
-    parser.add_argument("--max-per-trigger", type=int, default=32_000)
-    parser.add_argument("--backlog", type=int, default=1_000_000, help="messages for the memory check (0 to skip)")
-    parser.add_argument("--sinks", default="noop,parquet")
-    parser.add_argument("--repeat", type=int, default=4, help="pairs of delta runs without and with the journal")
+    parser.add_argument("--max-per-trigger", type=int, default=None, help="maxMessagesPerTrigger (default: the source's own)")
+    parser.add_argument("--sinks", default="noop,noop,noop", help="comma-separated: noop, parquet, delta, delta+journal")
+    parser.add_argument("--journal-pairs", type=int, default=0, help="pairs of delta runs without and with the journal")
+    parser.add_argument("--backlog", type=int, default=0, help="messages for the memory check (0 to skip)")
+    parser.add_argument("--perftest-jars", type=Path, default=PERFTEST_DIR)
     args = parser.parse_args()
+    options = {} if args.max_per_trigger is None else {"maxMessagesPerTrigger": str(args.max_per_trigger)}
+    chosen = parse_source_options({"uri": "amqp://h/", "queue": "q", **options})
+    prefetch, batch = chosen.prefetch, chosen.trigger.max_messages or chosen.prefetch
     spark = spark_session("spark-amqp source benchmark")
     workdir = tempfile.mkdtemp(prefix="amqp-bench-")
     queue = "bench.source"
     try:
         with broker_url() as (url, label):
-            print(f"{args.messages} x {len(BODY)} B on {label}; maxMessagesPerTrigger={args.max_per_trigger}")
-            preload(url, queue, args.messages)
-            raw = args.messages / pb.consume(url, queue, args.messages, prefetch=1000, ack_every=1000)
+            jars = args.perftest_jars.resolve() if label == "RabbitMQ" and args.perftest_jars.is_dir() else None
+            with open("/proc/loadavg") as f:
+                load = " ".join(f.read().split()[:3])
+            print(
+                f"{args.messages} x {len(BODY)} B on {label}; the source's batches: at most {batch} messages, prefetch {prefetch}; "
+                f"load average {load}; {os.cpu_count()} CPUs"
+            )
+            if jars is None and label == "RabbitMQ":
+                print(f"no PerfTest baseline: its jars are not in {args.perftest_jars} (make perftest)")
             preload(url, queue, 20_000)  # warm up the JVM and Python workers; not measured
-            stream_once(spark, url, queue, "noop", args.max_per_trigger, workdir)
-            if args.repeat:  # Delta's first write in a JVM loads and compiles a lot
-                preload(url, queue, 20_000)
-                stream_once(spark, url, queue, "delta+journal", args.max_per_trigger, workdir)
-            print(f"raw pika consumer (prefetch 1000, multi-ack/1000): {raw:9.0f} msg/s")
-
-            def pika_again() -> float:
-                preload(url, queue, args.messages)
-                rate = args.messages / pb.consume(url, queue, args.messages, prefetch=1000, ack_every=1000)
-                print(f"raw pika consumer again: {rate:9.0f} msg/s")
-                return rate
-
-            # ABBA order: Delta keeps getting faster as the JVM warms up, which would favour whichever runs second.
-            pairs = [("delta", "delta+journal") if i % 2 == 0 else ("delta+journal", "delta") for i in range(args.repeat)]
+            stream_once(spark, url, queue, "noop", options, workdir)
+            if any(s.startswith("delta") for s in args.sinks.split(",")) or args.journal_pairs:
+                preload(url, queue, 20_000)  # Delta's first write in a JVM loads and compiles a lot
+                stream_once(spark, url, queue, "delta", options, workdir)
+            base = Baselines(url, queue, args.messages, jars, prefetch, batch)
+            base.measure("before")
+            pairs = [("delta", "delta+journal") if i % 2 == 0 else ("delta+journal", "delta") for i in range(args.journal_pairs)]
             sinks = [s for s in args.sinks.split(",") if s] + [sink for pair in pairs for sink in pair]
+            steady: dict[str, list[float]] = {}
             rates: dict[str, list[float]] = {}
             for sink in sinks:
                 preload(url, queue, args.messages)
-                with RssSampler() as rss:
-                    processing, wall, rows, steady = stream_once(spark, url, queue, sink, args.max_per_trigger, workdir)
-                assert rows == args.messages, f"{sink}: read {rows} of {args.messages}"
-                rate = rows / processing
-                rates.setdefault(sink, []).append(rate)
-                after = pika_again()
-                around, raw = (raw + after) / 2, after
+                run = stream_once(spark, url, queue, sink, options, workdir)
+                assert run.rows == args.messages, f"{sink}: read {run.rows} of {args.messages}"
+                steady.setdefault(sink, []).append(run.steady)
+                rates.setdefault(sink, []).append(run.all_rate)
+                base.measure("after")
+                ratios = ", ".join(f"{run.steady / base.around(k):.2f}x {k}" for k in base.kinds)
                 print(
-                    f"source -> {sink:13s}: steady {steady:7.0f} msg/s = {steady / around:.2f}x raw pika (mean {around:.0f} of the runs "
-                    f"around it); all batches {rate:7.0f} msg/s = {rate / around:.2f}x; incl. query start-up {rows / wall:7.0f} msg/s "
-                    f"({wall:4.1f} s); runner peak RSS {rss.peak / 2**20:.0f} MiB",
+                    f"source -> {sink:13s}: steady {run.steady:7,.0f} msg/s = {ratios} (means of the runs around it); "
+                    f"all batches {run.all_rate:7,.0f} msg/s; incl. query start-up {run.rows / run.wall:7,.0f} msg/s ({run.wall:4.1f} s)\n"
+                    f"    {run.where()}\n    {run.cpu.summary(run.rows)}",
                     flush=True,
                 )
-            if args.repeat:
+            if "noop" in steady and "delta" in steady:
+                noop, delta = statistics.median(steady["noop"]), statistics.median(steady["delta"])
+                print(f"source -> delta: {delta:7,.0f} msg/s steady = {delta / noop:.2f}x source -> noop ({noop:,.0f}; medians)")
+            if args.journal_pairs:
                 off, on = statistics.median(rates["delta"]), statistics.median(rates["delta+journal"])
                 print(
-                    f"journal: delta {off:7.0f} msg/s without, {on:7.0f} msg/s with (medians of {args.repeat}) "
-                    f"= {on / off:.2f}x, a cost of {100 * (1 - on / off):.1f}% (goal: at most 20%)"
+                    f"journal: delta {off:7,.0f} msg/s without, {on:7,.0f} msg/s with (medians of all batches, "
+                    f"{args.journal_pairs} pairs) = {on / off:.2f}x, a cost of {100 * (1 - on / off):.1f}% (goal: at most 20%)"
                 )
             if args.backlog:
                 preload(url, queue, args.backlog)
                 with RssSampler() as rss:
-                    processing, wall, rows, _ = stream_once(spark, url, queue, "noop", args.max_per_trigger, workdir)
-                assert rows == args.backlog, f"backlog: read {rows} of {args.backlog}"
+                    run = stream_once(spark, url, queue, "noop", options, workdir)
+                assert run.rows == args.backlog, f"backlog: read {run.rows} of {args.backlog}"
                 samples = [r for _, r in rss.samples]
                 third = max(1, len(samples) // 3)
                 print(
-                    f"backlog {args.backlog}: {rows / processing:.0f} msg/s; runner RSS first third max "
-                    f"{max(samples[:third]) / 2**20:.0f} MiB, last third max {max(samples[-third:]) / 2**20:.0f} MiB, "
-                    f"peak {rss.peak / 2**20:.0f} MiB (payload {args.backlog * len(BODY) / 2**20:.0f} MiB)"
+                    f"backlog {args.backlog}: {run.all_rate:,.0f} msg/s; runner RSS first third max {max(samples[:third]) / 2**20:.0f} MiB, "
+                    f"last third max {max(samples[-third:]) / 2**20:.0f} MiB, peak {rss.peak / 2**20:.0f} MiB "
+                    f"(payload {args.backlog * len(BODY) / 2**20:.0f} MiB)"
                 )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
