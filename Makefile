@@ -158,9 +158,10 @@ broker: $(STAMP)
 	$(PY) -m spark_amqp.broker --port $(BROKER_PORT)
 
 ## The stream benchmark needs RabbitMQ (stream queues): it runs only when AMQP_TEST_URL is set.
-bench: $(STAMP) $(JARS_STAMP) $(PERFTEST_STAMP)
+bench: $(STAMP) $(JARS_STAMP) $(PERFTEST_STAMP) $(DELTA_VENV)/.wheel
 	$(PY) benchmarks/broker_throughput.py
 	$(PY) benchmarks/source_throughput.py
+	$(DELTA_PY) benchmarks/source_throughput.py --sinks noop,delta,noop,delta --journal-pairs 2
 	$(PY) benchmarks/sink_throughput.py
 	@if [ -n "$$AMQP_TEST_URL" ]; then echo "$(PY) benchmarks/stream_throughput.py"; $(PY) benchmarks/stream_throughput.py; \
 	else echo "benchmarks/stream_throughput.py skipped: it needs RabbitMQ with stream queues in AMQP_TEST_URL"; fi
