@@ -4,8 +4,9 @@ Every message is written for the person running the Spark job: it names the
 option, queue or value at fault and never contains a password.
 
 Whether a failure is worth retrying is decided here and only here, by
-``is_transient``: from the exception's class (and, for 406, from whether the
-broker's close names a method), never by matching message text. The client
+``is_transient``: from the exception's class, and for two codes from the close
+itself: a 406 no method caused, or whose text says a stream's replica on that
+node is not running; a 541 that names a deprecated feature. The client
 raises these classes when the broker closes a channel or connection; the
 embedded broker raises the same classes to close them.
 """
@@ -18,8 +19,10 @@ from types import MappingProxyType
 from typing import Any, ClassVar
 
 __all__ = [
+    "NO_LOCAL_REPLICA",
     "REPLY_CODES",
     "AccessRefused",
+    "AllEndpointsFailed",
     "AmqpConnectorError",
     "AmqpOptionError",
     "AmqpProtocolError",
@@ -80,6 +83,14 @@ class ConnectionLost(AmqpProtocolError):
     """The socket closed, reset, timed out or stopped sending heartbeats; reconnecting may work."""
 
     retryable = True
+
+
+class AllEndpointsFailed(ConnectionLost):
+    """Every endpoint of the uri failed, each with a transient fault, in one round of a connection's walk."""
+
+    def __init__(self, failures: tuple[tuple[str, str], ...]) -> None:
+        super().__init__("cannot connect to any of " + ", ".join(f"{where} ({reason})" for where, reason in failures))
+        self.failures = failures  # (endpoint, its reason), in the order tried
 
 
 class HandshakeFailed(AmqpProtocolError):
@@ -187,14 +198,26 @@ class ResourceLocked(AmqpReplyError):
     code, reply, soft = 405, "RESOURCE_LOCKED", True
 
 
+# RabbitMQ's words (rabbit_stream_queue) for a stream with no running member on the connection's node;
+# no code tells it apart from a permanent 406.
+NO_LOCAL_REPLICA = "does not have a running replica on the local node"
+
+
 class PreconditionFailed(AmqpReplyError):
     code, reply, soft = 406, "PRECONDITION_FAILED", True
 
     @property
+    def no_local_replica(self) -> bool:
+        """The stream has no running member on the node this connection is on: after a leader failover
+        its replica there restarts (seconds); RabbitMQ says so to basic.consume and queue.declare."""
+        return NO_LOCAL_REPLICA in self.text
+
+    @property
     def transient(self) -> bool:
         # Caused by no method: RabbitMQ's consumer_timeout closing a consumer's
-        # channel. Reopening it is right: the deliveries were requeued.
-        return self.class_id == 0
+        # channel. Reopening it is right: the deliveries were requeued. No local
+        # replica: it runs again in seconds, and a reconnect may reach another node.
+        return self.class_id == 0 or self.no_local_replica
 
 
 class FrameError(AmqpReplyError):
@@ -382,6 +405,11 @@ def explain(err: BaseException, where: str, user: str, vhost: str, subject: str 
         if subject.startswith("stream"):
             return f"{about}: not found ({err}); declare it first as a stream queue (x-queue-type=stream)"
         return f"{about}: not found ({err}); create it first, or let the connector declare it (declareQueue / declareExchange)"
+    if isinstance(err, PreconditionFailed) and err.no_local_replica:
+        return (
+            f"{about}: the node this connection reached has no running replica of the stream ({err}): a leader failover "
+            "restarts it for a few seconds, or the stream has no member on that node; reconnecting tries another node"
+        )
     if isinstance(err, PreconditionFailed) and err.method == "Queue.Declare":
         return f"{about}: the queue exists with other properties than those asked for ({err}); make queueDurable/queueArguments match the queue, or leave declareQueue off"
     if isinstance(err, ResourceLocked):

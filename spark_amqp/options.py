@@ -6,16 +6,20 @@ Validation happens here and only here, before anything connects. Keys are
 matched case-insensitively (Spark lower-cases them anyway); an unknown key is an
 error that lists the valid ones. The password lives only in
 ``ConnectionOptions.password``, which is excluded from ``repr``; everything that
-is shown to a person uses ``ConnectionOptions.display_uri``.
+is shown to a person uses ``ConnectionOptions.display_uri``. A uri may name
+several nodes of a cluster (``amqp://user@host1:5672,host2:5672/vhost``): they
+become ``ConnectionOptions.endpoints`` (see ``endpoints.py``).
 """
 
 from __future__ import annotations
 
+import re
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .endpoints import Endpoint, parse_endpoints
 from .errors import AmqpOptionError
 from .option_reader import OptionReader, ambiguity, redact_uri, split_uri
 
@@ -29,7 +33,6 @@ __all__ = [
 ]
 
 MAX_PREFETCH = 65535  # basic.qos prefetch_count is a 16-bit field
-DEFAULT_MAX_MESSAGES_PER_TRIGGER = 10_000
 # Upper bounds: past these a value is a mistake (milliseconds for seconds), and a
 # wait that long looks like a hang.
 MAX_SECONDS_WAIT = 3600.0  # connectionTimeout, confirmTimeout
@@ -54,8 +57,9 @@ _SCHEMES = {(False, False): "amqp", (False, True): "amqps", (True, False): "rabb
 
 @dataclass(frozen=True)
 class ConnectionOptions:
-    host: str
-    port: int
+    # Every node of the uri, in the order written; each connection tries them in an order of its own
+    # (endpoints.EndpointOrder), so nothing connects to endpoints[0] directly.
+    endpoints: tuple[Endpoint, ...]
     vhost: str
     username: str
     password: str = field(repr=False)
@@ -69,7 +73,13 @@ class ConnectionOptions:
         """The broker address for logs and errors: never the password."""
         scheme = _SCHEMES[(self.stream_protocol, self.tls is not None)]
         vhost = urllib.parse.quote(self.vhost, safe="")
-        return f"{scheme}://{self.username}@{self.host}:{self.port}/{vhost}"
+        return f"{scheme}://{self.username}@{','.join(map(str, self.endpoints))}/{vhost}"
+
+    @property
+    def round_timeout(self) -> float:
+        """How long one connection's walk over every endpoint may take: ``connectionTimeout`` each
+        (a host whose name resolves to several addresses may take a multiple of it)."""
+        return self.connection_timeout * len(self.endpoints)
 
 
 @dataclass(frozen=True)
@@ -164,7 +174,16 @@ _DEFAULT_PORTS = {"amqp": 5672, "amqps": 5671, "rabbitmq-stream": 5552, "rabbitm
 
 def parse_connection(r: OptionReader, stream_protocol: bool = False) -> ConnectionOptions:
     """The connection options; ``stream_protocol``: the caller also takes rabbitmq-stream:// uris."""
-    uri = r.required("uri", "the broker address, e.g. amqp://user@host:5672/vhost (put the password in option 'password')").strip()
+    uri = r.required(
+        "uri",
+        "the broker address, e.g. amqp://user@host:5672/vhost, or amqp://user@host1,host2,host3/vhost for a cluster (put the password in option 'password')",
+    ).strip()
+    joined = _joined_uris(uri)
+    if joined is not None:
+        raise AmqpOptionError(
+            f"option 'uri' holds more than one uri ({joined}): name every node in one uri, as "
+            "amqp://user@host1:5672,host2:5672,host3:5672/vhost"
+        )
     scheme, userinfo, address = split_uri(uri)
     shown = redact_uri(uri)
     unclear = ambiguity(uri)
@@ -179,13 +198,14 @@ def parse_connection(r: OptionReader, stream_protocol: bool = False) -> Connecti
     if scheme not in ("amqp", "amqps", *(STREAM_SCHEMES if stream_protocol else ())):
         also = ", amqps://, rabbitmq-stream:// or rabbitmq-stream+tls://" if stream_protocol else " or amqps://"
         raise AmqpOptionError(f"option 'uri' must start with amqp://{also}, got {shown}")
+    hosts, rest = _host_list(address)
+    if not hosts.strip():
+        raise AmqpOptionError(f"option 'uri' has no host: {shown}")
     try:
-        parts = urllib.parse.urlsplit(f"amqp://{address}")
-        port = parts.port
+        endpoints = parse_endpoints(hosts, _DEFAULT_PORTS[scheme])
+        parts = urllib.parse.urlsplit(f"amqp://host{rest}")
     except ValueError as err:
         raise AmqpOptionError(f"option 'uri' is not a valid AMQP URI ({err}): {shown}") from None
-    if not parts.hostname:
-        raise AmqpOptionError(f"option 'uri' has no host: {shown}")
     if parts.query or parts.fragment:
         raise AmqpOptionError(
             "option 'uri' must not carry query parameters; use the connector's options (heartbeat, connectionTimeout, tls.*)"
@@ -213,8 +233,7 @@ def parse_connection(r: OptionReader, stream_protocol: bool = False) -> Connecti
     heartbeat = r.integer("heartbeat", 60, 0, MAX_SECONDS_HEARTBEAT)
     assert heartbeat is not None
     return ConnectionOptions(
-        host=parts.hostname,
-        port=port or _DEFAULT_PORTS[scheme],
+        endpoints=endpoints,
         vhost=vhost,
         username=username,
         password=password,
@@ -223,6 +242,25 @@ def parse_connection(r: OptionReader, stream_protocol: bool = False) -> Connecti
         connection_timeout=r.number("connectionTimeout", 30.0, 0.1, MAX_SECONDS_WAIT),
         stream_protocol=scheme in STREAM_SCHEMES,
     )
+
+
+# A scheme inside a uri, past its own: two uris pasted into one option.
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def _joined_uris(uri: str) -> str | None:
+    """The uris ``uri`` holds, each without its password, when it holds more than one; else None."""
+    starts = [m.start() for m in _SCHEME.finditer(uri)]
+    if len(starts) < 2:
+        return None
+    pieces = [uri[a:b].rstrip(" ,;") for a, b in zip(starts, [*starts[1:], len(uri)], strict=True)]
+    return ", ".join(redact_uri(p) for p in pieces)
+
+
+def _host_list(address: str) -> tuple[str, str]:
+    """(``host:port,host:port``, the path and what follows it) of the part of a uri after its credentials."""
+    cut = min((i for i in (address.find(c) for c in "/?#") if i >= 0), default=len(address))
+    return address[:cut], address[cut:]
 
 
 def parse_trigger(r: OptionReader, max_messages: int | None) -> TriggerOptions:

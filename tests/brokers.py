@@ -5,6 +5,10 @@ as ``tools/rabbitmq urls`` prints them, e.g. ``3.10=amqp://… 4.3=amqp://…``)
 ``AMQP_TEST_URL`` for a single node called ``rabbitmq``. Each has a version, read from the
 broker's own ``version`` server property, so that a test can say what each line does where
 RabbitMQ 3.10 and 4.x differ. The embedded broker models the newest 4.x line CI runs.
+
+A cluster, named by one uri that lists its nodes (``tools/rabbitmq cluster-url`` and
+``cluster-stream-url``), comes from ``AMQP_TEST_CLUSTER_URL`` and ``AMQP_TEST_CLUSTER_STREAM_URL``;
+the tests in ``tests/cluster`` are skipped without them.
 """
 
 from __future__ import annotations
@@ -65,6 +69,11 @@ _BY_URL = {b.url: b for b in REAL}
 # the real nodes as AMQP_TEST_BROKERS does; the embedded brokers add themselves, see note_embedded).
 _STREAM_BY_NAME = dict(item.partition("=")[::2] for item in os.environ.get("AMQP_TEST_STREAM_BROKERS", "").split())
 STREAM_URLS = {b.url: _STREAM_BY_NAME[b.name] for b in REAL if b.name in _STREAM_BY_NAME}
+
+
+# A cluster's nodes in one uri each (amqp://…@host1:port1,host2:port2/vhost), or None.
+CLUSTER_URL = os.environ.get("AMQP_TEST_CLUSTER_URL") or None
+CLUSTER_STREAM_URL = os.environ.get("AMQP_TEST_CLUSTER_STREAM_URL") or None
 
 
 def note_embedded(broker: EmbeddedBroker) -> EmbeddedBroker:

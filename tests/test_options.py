@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from spark_amqp.endpoints import Endpoint
 from spark_amqp.errors import AmqpOptionError
 from spark_amqp.option_reader import OptionReader
 from spark_amqp.options import parse_connection
@@ -19,7 +20,7 @@ def _parse(**extra: str):  # type: ignore[no-untyped-def]
 def test_defaults_and_uri_parts() -> None:
     o = _parse()
     c = o.connection
-    assert (c.host, c.port, c.vhost, c.username, c.password) == ("rabbit.example", 5673, "prod", "alice", "s3cret-pw")
+    assert (c.endpoints, c.vhost, c.username, c.password) == ((Endpoint("rabbit.example", 5673),), "prod", "alice", "s3cret-pw")
     assert c.tls is None and c.heartbeat == 60 and c.connection_timeout == 30.0
     assert o.queues == ("orders",) and o.prefetch >= 2 * o.max_messages_per_trigger and o.declaration is None
 
@@ -68,7 +69,7 @@ def test_bad_options(extra: dict[str, str], fragment: str) -> None:
     ("uri", "fragment"),
     [
         ("http://alice:s3cret-pw@host/", "must start with amqp:// or amqps://"),
-        ("amqp://alice:s3cret-pw@host:notaport/", "not a valid AMQP URI"),
+        ("amqp://alice:s3cret-pw@host:notaport/", "not a valid AMQP URI (the port of 'host:notaport' is not a number)"),
         ("amqp://alice:s3cret-pw@/vhost", "has no host"),
         ("amqp://alice:s3cret-pw@host/v?heartbeat=5", "must not carry query parameters"),
         ("", "option 'uri' is required"),
@@ -92,7 +93,12 @@ def test_malformed_uris_name_the_option_and_hide_the_password(uri: str, fragment
 def test_stream_protocol_uris_where_they_are_taken(uri: str, port: int, tls: bool, shown: str) -> None:
     known = {"uri": "uri", "password": "password"}
     c = parse_connection(OptionReader({"uri": uri, "password": "s3cret-pw"}, known), stream_protocol=True)
-    assert (c.port, c.tls is not None, c.stream_protocol == uri.startswith("rabbitmq"), c.display_uri) == (port, tls, True, shown)
+    assert (c.endpoints[0].port, c.tls is not None, c.stream_protocol == uri.startswith("rabbitmq"), c.display_uri) == (
+        port,
+        tls,
+        True,
+        shown,
+    )
     assert "s3cret-pw" not in repr(c)
 
 
@@ -116,7 +122,7 @@ def test_tls_and_declaration(tmp_path) -> None:  # type: ignore[no-untyped-def]
             "bindingKey": "orders.#",
         }
     )
-    assert o.connection.port == 5671 and o.connection.tls is not None and not o.connection.tls.check_hostname
+    assert o.connection.endpoints == (Endpoint("h", 5671),) and o.connection.tls is not None and not o.connection.tls.check_hostname
     assert o.declaration is not None and o.declaration.arguments == {"x-queue-type": "quorum"}
     assert (o.declaration.exchange, o.declaration.binding_key, o.declaration.durable) == ("events", "orders.#", True)
     with pytest.raises(AmqpOptionError, match=r"'tls\.certFile' and 'tls\.keyFile' go together"):
@@ -163,7 +169,7 @@ def test_heartbeat_has_a_sane_ceiling() -> None:
 def test_a_password_with_uri_delimiters_parses_and_never_shows(password: str) -> None:
     o = parse_source_options({"uri": f"amqp://alice:{password}@rabbit:5673/prod", "queue": "q"})
     c = o.connection
-    assert (c.username, c.password, c.host, c.port, c.vhost) == ("alice", password, "rabbit", 5673, "prod")
+    assert (c.username, c.password, c.endpoints, c.vhost) == ("alice", password, (Endpoint("rabbit", 5673),), "prod")
     with pytest.raises(AmqpOptionError) as info:
         parse_source_options({"uri": f"amqp://alice:{password}@rabbit:bad/prod", "queue": "q"})
     assert password not in str(info.value) and "alice:***@rabbit:bad/prod" in str(info.value)
@@ -185,7 +191,12 @@ def test_an_ambiguous_uri_is_refused_with_how_to_encode_it(uri: str) -> None:
     assert "can be read more than one way" in message and "%2F" in message and "%40" in message
     assert "s3cret-pw" not in message
     encoded = parse_source_options({"uri": "amqp://team%2Fetl:s3cret-pw@rabbit/v%40x", "queue": "q"}).connection
-    assert (encoded.username, encoded.password, encoded.host, encoded.vhost) == ("team/etl", "s3cret-pw", "rabbit", "v@x")
+    assert (encoded.username, encoded.password, encoded.endpoints, encoded.vhost) == (
+        "team/etl",
+        "s3cret-pw",
+        (Endpoint("rabbit", 5672),),
+        "v@x",
+    )
 
 
 def test_stream_filter_options() -> None:
@@ -219,3 +230,111 @@ def test_sink_super_stream_and_filter_column_options() -> None:
         parse_sink_options({"uri": "amqp://h/", "superStream": " "})
     with pytest.raises(AmqpOptionError, match=r"option 'filterValueColumn' takes the name of a string column"):
         parse_sink_options({"uri": "amqp://h/", "filterValueColumn": ""})
+
+
+# -- several nodes in one uri (a cluster) ----------------------------------------------------------------
+
+
+def _connection(uri: str, **extra: str):  # type: ignore[no-untyped-def]
+    known = {"uri": "uri", "password": "password"}
+    return parse_connection(OptionReader({"uri": uri, **extra}, known), stream_protocol=True)
+
+
+@pytest.mark.parametrize(
+    ("uri", "endpoints", "shown"),
+    [
+        (
+            "amqp://alice:s3cret-pw@h1:5701,h2:5702,h3/prod",
+            [("h1", 5701), ("h2", 5702), ("h3", 5672)],
+            "amqp://alice@h1:5701,h2:5702,h3:5672/prod",
+        ),
+        ("amqps://alice@h1,h2:5000/%2F", [("h1", 5671), ("h2", 5000)], "amqps://alice@h1:5671,h2:5000/%2F"),
+        (
+            "rabbitmq-stream://alice@h1,h2,h3/",
+            [("h1", 5552), ("h2", 5552), ("h3", 5552)],
+            "rabbitmq-stream://alice@h1:5552,h2:5552,h3:5552/%2F",
+        ),
+        ("rabbitmq-stream+tls://alice@h1:6000,h2/v", [("h1", 6000), ("h2", 5551)], "rabbitmq-stream+tls://alice@h1:6000,h2:5551/v"),
+        ("amqp://alice@[::1]:5701,[::1]:5702/%2F", [("::1", 5701), ("::1", 5702)], "amqp://alice@[::1]:5701,[::1]:5702/%2F"),
+        (
+            "amqp://alice@[2001:db8::1],10.1.2.3:5673",
+            [("2001:db8::1", 5672), ("10.1.2.3", 5673)],
+            "amqp://alice@[2001:db8::1]:5672,10.1.2.3:5673/%2F",
+        ),
+        ("amqp://Rabbit-1.Example.COM,rabbit-2.example.com/", [("rabbit-1.example.com", 5672), ("rabbit-2.example.com", 5672)], None),
+    ],
+)
+def test_a_uri_names_several_nodes(uri: str, endpoints: list[tuple[str, int]], shown: str | None) -> None:
+    c = _connection(uri)
+    assert c.endpoints == tuple(Endpoint(h, p) for h, p in endpoints)
+    assert isinstance(c.endpoints, tuple) and c.round_timeout == 30.0 * len(endpoints)
+    if shown is not None:
+        assert c.display_uri == shown
+    assert "s3cret-pw" not in c.display_uri and "s3cret-pw" not in repr(c)
+
+
+def test_endpoints_are_frozen() -> None:
+    c = _connection("amqp://h1,h2/")
+    with pytest.raises(AttributeError):
+        c.endpoints[0].host = "elsewhere"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("uri", "fragment"),
+    [
+        ("amqp://alice:s3cret-pw@h1:5701,,h3/prod", "an empty host in the host list 'h1:5701,,h3'"),
+        ("amqp://alice:s3cret-pw@h1,/prod", "an empty host"),
+        ("amqp://alice:s3cret-pw@,h1/prod", "an empty host"),
+        ("amqp://alice:s3cret-pw@h1:5701,h2:notaport/prod", "the port of 'h2:notaport' is not a number"),
+        ("amqp://alice:s3cret-pw@h1:5701,h2:70000/prod", "the port of 'h2:70000' is not between 1 and 65535"),
+        ("amqp://alice:s3cret-pw@h1:0/prod", "is not between 1 and 65535"),
+        ("amqp://alice:s3cret-pw@h1:/prod", "the port of 'h1:' is not a number"),
+        ("amqp://alice:s3cret-pw@::1:5672/prod", "write it between brackets"),
+        ("amqp://alice:s3cret-pw@[::1:5672/prod", "never closes"),
+        ("amqp://alice:s3cret-pw@[not-v6]:5672/prod", "is not an IPv6 address"),
+        ("amqp://alice:s3cret-pw@h1,h1:5672/prod", "h1:5672 is named twice"),
+        ("rabbitmq-stream://alice:s3cret-pw@h1:5552,h2:x/", "the port of 'h2:x' is not a number"),
+    ],
+)
+def test_a_malformed_host_list_names_the_option_and_hides_the_password(uri: str, fragment: str) -> None:
+    with pytest.raises(AmqpOptionError) as info:
+        _connection(uri)
+    message = str(info.value)
+    assert message.startswith("option 'uri' is not a valid AMQP URI (") and fragment in message, message
+    assert "s3cret-pw" not in message and "alice:***@" in message
+
+
+@pytest.mark.parametrize(
+    ("uri", "shown"),
+    [
+        # Was read as user 'guest@h' with the password '5701/%2F,amqp://guest', on host h:5702.
+        ("amqp://guest@h:5701/%2F,amqp://guest@h:5702/%2F", "amqp://guest@h:5701/%2F, amqp://guest@h:5702/%2F"),
+        ("amqp://alice:s3cret-pw@h1/%2F,amqp://alice:s3cret-pw@h2/%2F", "amqp://alice:***@h1/%2F, amqp://alice:***@h2/%2F"),
+        ("amqp://a/%2F amqps://b/%2F", "amqp://a/%2F, amqps://b/%2F"),
+        (
+            "rabbitmq-stream://alice:s3cret-pw@h1:5552/;rabbitmq-stream+tls://h2/",
+            "rabbitmq-stream://alice:***@h1:5552/, rabbitmq-stream+tls://h2/",
+        ),
+    ],
+)
+def test_two_uris_joined_are_refused_with_how_to_list_the_nodes(uri: str, shown: str) -> None:
+    with pytest.raises(AmqpOptionError) as info:
+        _connection(uri)
+    message = str(info.value)
+    assert f"option 'uri' holds more than one uri ({shown}): name every node in one uri" in message, message
+    assert "amqp://user@host1:5672,host2:5672,host3:5672/vhost" in message and "s3cret-pw" not in message
+
+
+def test_a_host_list_is_refused_before_anything_connects_in_every_mode() -> None:
+    from spark_amqp.options import parse_sink_options
+    from spark_amqp.streams.options import parse_stream_options
+
+    bad = "amqp://alice:s3cret-pw@h1,,h2/%2F"
+    for parse in (
+        lambda: parse_source_options({"uri": bad, "queue": "q"}),
+        lambda: parse_stream_options({"uri": bad, "stream": "s"}),
+        lambda: parse_sink_options({"uri": bad, "exchange": "x"}),
+    ):
+        with pytest.raises(AmqpOptionError, match="option 'uri' is not a valid AMQP URI") as info:
+            parse()
+        assert "s3cret-pw" not in str(info.value)

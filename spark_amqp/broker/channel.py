@@ -267,6 +267,8 @@ class Channel(DeclareMethods, SettleMethods, TxMethods):
             raise errors.NotAllowed(f"attempt to reuse consumer tag '{tag}'")
         prefetch = self.consumer_prefetch
         start = None
+        if queue.is_stream and self.connection.server.faults.take_replica_down():
+            raise errors.PreconditionFailed(f"stream queue '{queue.name}' in vhost '/' {errors.NO_LOCAL_REPLICA}")
         if queue.is_stream:
             start = queue.check_consume(method.arguments or {}, bool(method.no_ack), prefetch)  # type: ignore[attr-defined]
         elif method.arguments and "x-stream-offset" in method.arguments:

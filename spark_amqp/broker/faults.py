@@ -12,9 +12,17 @@ class Faults:
         self.refuse_until = 0.0
         self.stall_open = False  # log clients in but never answer connection.open
         self.alarm: str | None = None  # a memory or disk alarm: publishers blocked, their confirms held
+        # The next so many basic.consume on a stream get RabbitMQ's 406 for a replica restarting after a failover.
+        self.replica_down = 0
 
     def take_publish_nack(self) -> bool:
         if self.nack_publishes > 0:
             self.nack_publishes -= 1
+            return True
+        return False
+
+    def take_replica_down(self) -> bool:
+        if self.replica_down > 0:
+            self.replica_down -= 1
             return True
         return False

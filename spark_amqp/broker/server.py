@@ -358,6 +358,15 @@ class EmbeddedBroker:
 
         self.call(apply)
 
+    def refuse_stream_consumers(self, count: int) -> None:
+        """The next ``count`` basic.consume on a stream (any connection) are refused as RabbitMQ refuses them while
+        the node's replica restarts after a leader failover: 406 '... does not have a running replica on the local node'."""
+
+        def apply(s: BrokerServer) -> None:
+            s.faults.replica_down = count
+
+        self.call(apply)
+
     def refuse_connections(self, seconds: float) -> None:
         """New connections (either protocol) are accepted and closed at once for ``seconds``."""
 

@@ -1,9 +1,9 @@
 """A small asyncio AMQP 0-9-1 client on pamqp: what the source and the sink need and nothing more.
 
-``connection`` (socket, handshake, heartbeats, TLS), ``channel`` (calls with
-timeouts, closes, content assembly), ``consumer`` (deliveries, queue depths),
-``publisher`` (publish frames, confirms, returns), ``properties`` (lenient,
-lazy property decoding).
+``dial`` (the walk over the uri's endpoints, TLS), ``connection`` (socket,
+handshake, heartbeats), ``channel`` (calls with timeouts, closes, content
+assembly), ``consumer`` (deliveries, queue depths), ``publisher`` (publish
+frames, confirms, returns), ``properties`` (lenient, lazy property decoding).
 """
 
 from .channel import ClientChannel

@@ -91,12 +91,14 @@ class BlockingClient(Generic[C]):
     def _submit(self, call: Callable[[C], Awaitable[T]]) -> T:
         loop = self._ensure_loop()
         future = asyncio.run_coroutine_threadsafe(self._with_client(call), loop)
+        # The client's own calls time out after connectionTimeout, connecting after a round over the
+        # endpoints; this is a backstop.
+        backstop = self.options.round_timeout + 2 * self.options.connection_timeout + 5.0
         try:
-            # The client's own calls time out after connectionTimeout; this is a backstop.
-            return future.result(3 * self.options.connection_timeout + 5.0)
+            return future.result(backstop)
         except concurrent.futures.TimeoutError:
             future.cancel()
-            raise ConnectionLost(f"no answer within {3 * self.options.connection_timeout + 5.0:g}s") from None
+            raise ConnectionLost(f"no answer within {backstop:g}s") from None
 
     async def _with_client(self, call: Callable[[C], Awaitable[T]]) -> T:
         client = self._client

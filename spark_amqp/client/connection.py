@@ -13,17 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import re
-import ssl
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any
 
 from pamqp import commands
 
 from .. import framing
-from ..errors import AmqpOptionError, AmqpProtocolError, CallbackFailed, ConnectionLost, DecodeError, HandshakeFailed, reply_error
+from ..errors import AmqpProtocolError, CallbackFailed, ConnectionLost, DecodeError, HandshakeFailed, reply_error
 from ..options import ConnectionOptions
 from . import consumer
 from .channel import ClientChannel
+from .dial import open_within_timeout, tls_context
 
 __all__ = ["AmqpClient", "open_within_timeout", "tls_context"]
 
@@ -37,82 +36,6 @@ def parse_version(value: Any) -> tuple[int, int] | None:
     text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value or "")
     match = re.match(r"(\d+)\.(\d+)", text)
     return (int(match.group(1)), int(match.group(2))) if match else None
-
-
-def tls_context(options: ConnectionOptions) -> ssl.SSLContext | None:
-    tls = options.tls
-    if tls is None:
-        return None
-    try:
-        context = ssl.create_default_context(cafile=tls.ca_file)
-    except (OSError, ssl.SSLError) as err:
-        raise AmqpOptionError(f"option 'tls.caFile' ({tls.ca_file}): cannot load CA certificates: {err}") from None
-    context.check_hostname = tls.check_hostname
-    if not tls.check_hostname and tls.ca_file is None:
-        context.verify_mode = ssl.CERT_NONE  # no CA and no name check: encryption only, as asked
-    if tls.cert_file and tls.key_file:
-        try:
-            context.load_cert_chain(tls.cert_file, tls.key_file)
-        except (OSError, ssl.SSLError) as err:
-            raise AmqpOptionError(
-                f"options 'tls.certFile' ({tls.cert_file}) and 'tls.keyFile' ({tls.key_file}): cannot load the client certificate: {err}"
-            ) from None
-    return context
-
-
-def _tls_failure(options: ConnectionOptions, err: ssl.SSLError) -> HandshakeFailed:
-    where = f"{options.host}:{options.port}"
-    if isinstance(err, ssl.SSLCertVerificationError):
-        return HandshakeFailed(
-            f"TLS: the certificate of {where} failed verification ({err.verify_message}); set 'tls.caFile' to the CA that "
-            "signed it, or tls.checkHostname=false if only the name differs"
-        )
-    return HandshakeFailed(f"TLS handshake with {where} failed ({err.reason or err}); is it a TLS port (amqps, usually 5671)?")
-
-
-class _Abortable(Protocol):
-    def abort(self, reason: AmqpProtocolError) -> None: ...
-
-
-P = TypeVar("P", bound=_Abortable)
-
-
-async def open_within_timeout(options: ConnectionOptions, make: Callable[[], P], opened: Callable[[P], Awaitable[None]]) -> P:
-    """A connection made by ``make`` and ready once ``opened`` returns, within ``connectionTimeout``.
-
-    Every way it can fail is one ``AmqpProtocolError``, and a half-open (perhaps logged-in)
-    connection never outlives the attempt. Both clients (AMQP 0-9-1 and the stream protocol) open so.
-    """
-    loop = asyncio.get_running_loop()
-    ctx = tls_context(options)
-    made: list[P] = []
-
-    def factory() -> P:
-        made.append(make())
-        return made[0]
-
-    async def open_connection() -> None:
-        protocol_factory = cast(Callable[[], asyncio.Protocol], factory)  # P is an asyncio.Protocol with abort()
-        await loop.create_connection(protocol_factory, options.host, options.port, ssl=ctx, server_hostname=options.host if ctx else None)
-        await opened(made[0])
-
-    try:
-        await asyncio.wait_for(open_connection(), options.connection_timeout)
-    except asyncio.TimeoutError:
-        err: AmqpProtocolError = ConnectionLost(
-            f"no answer from {options.host}:{options.port} within connectionTimeout={options.connection_timeout:g}s"
-        )
-    except ssl.SSLError as tls_err:
-        err = _tls_failure(options, tls_err)
-    except AmqpProtocolError as protocol_err:
-        err = protocol_err
-    except OSError as os_err:
-        err = ConnectionLost(f"cannot connect to {options.host}:{options.port}: {os_err.strerror or os_err}")
-    else:
-        return made[0]
-    if made:
-        made[0].abort(err)
-    raise err
 
 
 class AmqpClient(asyncio.Protocol):
@@ -140,7 +63,8 @@ class AmqpClient(asyncio.Protocol):
 
     @classmethod
     async def connect(cls, options: ConnectionOptions, client_name: str) -> AmqpClient:
-        """Connect, log in and open the vhost within ``connectionTimeout``; nothing is left open on failure."""
+        """Connect, log in and open the vhost on the first endpoint that lets us (``connectionTimeout`` each);
+        nothing is left open on failure."""
         loop = asyncio.get_running_loop()
         return await open_within_timeout(options, lambda: cls(loop, options, client_name), lambda c: asyncio.shield(c._opened))
 

@@ -63,7 +63,7 @@ class ChannelPolicy:
             return explain(reason, c.display_uri, c.username, c.vhost, f"queue '{queue}'")
         if not reason.transient:
             return explain(reason, c.display_uri, c.username, c.vhost, f"queue '{queue}'")
-        if reason.code == 406:  # transient 406: a close no method caused, which is RabbitMQ's consumer_timeout
+        if reason.code == 406 and reason.class_id == 0:  # a close no method caused: RabbitMQ's consumer_timeout
             log.warning(
                 "AMQP source: RabbitMQ's consumer_timeout closed the channel of queue '%s' (%s). Deliveries stay "
                 "unacknowledged until the batch holding them is committed; a trigger interval or batch duration "

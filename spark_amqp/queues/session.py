@@ -73,7 +73,7 @@ class ConsumerSession:
             self._thread = threading.Thread(target=self._thread_main, args=(ready,), name="amqp-source-io", daemon=True)
             self._thread.start()
             ready.wait()
-        timeout = self.options.connection.connection_timeout + 5
+        timeout = self.options.connection.round_timeout + 5  # one round over the endpoints, each may be silent
         if not self._started.wait(timeout):
             self.check()
             raise AmqpSourceError(

@@ -76,7 +76,8 @@ class StreamClient(asyncio.Protocol):
 
     @classmethod
     async def connect(cls, options: ConnectionOptions, client_name: str) -> StreamClient:
-        """Connect, authenticate, tune and open the vhost within ``connectionTimeout``; nothing stays open on failure."""
+        """Connect, authenticate, tune and open the vhost on the first endpoint that lets us (``connectionTimeout``
+        each); nothing stays open on failure."""
         loop = asyncio.get_running_loop()
         return await open_within_timeout(options, lambda: cls(loop, options, client_name), lambda c: c._handshake())
 

@@ -354,7 +354,12 @@ def test_stream_protocol_options_need_a_stream_uri(key: str) -> None:
 
 def test_stream_sink_options_parse() -> None:
     opts = parse_sink_options({"uri": "rabbitmq-stream://u@h/v", "password": "pw", "stream": " events ", "deduplication": "false"})
-    assert (opts.stream, opts.deduplication, opts.connection.stream_protocol, opts.connection.port) == ("events", False, True, 5552)
+    assert (opts.stream, opts.deduplication, opts.connection.stream_protocol, opts.connection.display_uri) == (
+        "events",
+        False,
+        True,
+        "rabbitmq-stream://u@h:5552/v",
+    )
     assert parse_sink_options({"uri": "rabbitmq-stream://u@h/v", "superStream": "orders"}).deduplication is True
 
 

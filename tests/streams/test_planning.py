@@ -87,9 +87,9 @@ def test_starting_offsets_forms() -> None:
 
 def test_queue_mode_takes_the_trigger_options_too() -> None:
     o = parse_source_options({**BASE, "queue": "q", "minMessagesPerTrigger": "500", "maxTriggerDelay": "250ms"})
-    assert o.trigger == TriggerOptions(10_000, 500, 0.25)
+    assert o.trigger == TriggerOptions(20_000, 500, 0.25)
     with pytest.raises(AmqpOptionError, match="larger than 'maxMessagesPerTrigger'"):
-        parse_source_options({**BASE, "queue": "q", "minMessagesPerTrigger": "20000"})
+        parse_source_options({**BASE, "queue": "q", "minMessagesPerTrigger": "30000"})
 
 
 def test_offset_json_is_sorted_and_round_trips() -> None:

@@ -1,0 +1,142 @@
+"""A real RabbitMQ cluster named by one uri (``AMQP_TEST_CLUSTER_URL``, ``AMQP_TEST_CLUSTER_STREAM_URL``: see
+``tests/brokers.py``), and its nodes, which a test may stop or drain for a short while: ``tools/rabbitmq``
+runs them (``c1``, ``c2``, ``c3``). Whatever a test stops or drains is started or revived again however
+the test ends."""
+
+from __future__ import annotations
+
+import fcntl
+import random
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from spark_amqp import endpoints
+from spark_amqp.endpoints import EndpointOrder
+from tests.brokers import CLUSTER_STREAM_URL, CLUSTER_URL, TOOLS
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str  # as tools/rabbitmq calls it: c1, c2, c3
+    port: int  # AMQP 0-9-1
+    stream_port: int
+
+
+def port_of(url: str) -> int:
+    return int(url.rpartition("@")[2].partition("/")[0].rpartition(":")[2])
+
+
+def hosts_of(url: str) -> list[str]:
+    return url.rpartition("@")[2].partition("/")[0].split(",")
+
+
+def with_hosts(url: str, hosts: list[str]) -> str:
+    """``url`` naming ``hosts`` instead of its own."""
+    head, at, address = url.rpartition("@")
+    return f"{head}{at}{','.join(hosts)}/{address.partition('/')[2]}"
+
+
+def _tool(*args: str, timeout: float = 120) -> str:
+    return subprocess.run([str(TOOLS), *args], check=True, capture_output=True, text=True, timeout=timeout).stdout.strip()
+
+
+@dataclass(frozen=True)
+class Cluster:
+    url: str
+    stream_url: str | None
+    nodes: tuple[Node, ...]  # those tools/rabbitmq runs, found by their ports in url
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        pytest.skip(f"node {name} of the cluster is not one tools/rabbitmq runs")
+
+    @contextmanager
+    def stopped(self, name: str) -> Iterator[float]:
+        """Node ``name`` stopped (its ports refuse) for the block; yields how long stopping took."""
+        self.node(name)
+        began = time.monotonic()
+        try:
+            _tool("stop", name)
+            yield time.monotonic() - began
+        finally:
+            _tool("start", name)  # waits until the cluster reports it running
+
+    @contextmanager
+    def stopping(self, name: str, delay: float) -> Iterator[threading.Thread]:
+        """Node ``name`` stopped ``delay`` seconds into the block, while the block runs (the block sees the
+        failover as it happens); started again after it. Yields the thread that stops it."""
+        self.node(name)
+        stopper = threading.Timer(delay, _tool, ("stop", name))
+        stopper.start()
+        try:
+            yield stopper
+        finally:
+            stopper.cancel()
+            stopper.join()
+            _tool("start", name)
+
+    @contextmanager
+    def drained(self, name: str) -> Iterator[None]:
+        """Node ``name`` in maintenance mode for the block: it closes its clients (320) and takes no new ones."""
+        self.node(name)
+        try:
+            _tool("cli", name, "rabbitmq-upgrade", "drain")
+            yield
+        finally:
+            _tool("cli", name, "rabbitmq-upgrade", "revive")
+
+
+@pytest.fixture(autouse=True)
+def one_at_a_time() -> Iterator[None]:
+    """One cluster test at a time across pytest-xdist's workers: a test that stops a node would break another
+    that counts on every node (or stops the same one)."""
+    with open(Path(tempfile.gettempdir()) / "spark-amqp-cluster-tests.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Cluster:
+    if CLUSTER_URL is None:
+        pytest.skip("AMQP_TEST_CLUSTER_URL not set: no RabbitMQ cluster (tools/rabbitmq cluster-url)")
+    ports = {int(h.rpartition(":")[2]) for h in hosts_of(CLUSTER_URL)}
+    nodes = []
+    for name in ("c1", "c2", "c3"):
+        try:
+            node = Node(name, port_of(_tool("url", name, timeout=10)), port_of(_tool("stream-url", name, timeout=10)))
+        except (OSError, subprocess.SubprocessError, ValueError):
+            continue
+        if node.port in ports:
+            nodes.append(node)
+    return Cluster(CLUSTER_URL, CLUSTER_STREAM_URL, tuple(nodes))
+
+
+@pytest.fixture
+def stream_url(cluster: Cluster) -> str:
+    if cluster.stream_url is None:
+        pytest.skip("AMQP_TEST_CLUSTER_STREAM_URL not set (tools/rabbitmq cluster-stream-url)")
+    return cluster.stream_url
+
+
+class Listed(random.Random):
+    def shuffle(self, x: list[object]) -> None:  # type: ignore[override]
+        pass
+
+
+@pytest.fixture
+def listed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Endpoints tried in the order the uri lists them."""
+    monkeypatch.setattr(endpoints, "ORDER", EndpointOrder(Listed()))
