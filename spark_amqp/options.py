@@ -37,6 +37,10 @@ MAX_PREFETCH = 65535  # basic.qos prefetch_count is a 16-bit field
 # wait that long looks like a hang.
 MAX_SECONDS_WAIT = 3600.0  # connectionTimeout, confirmTimeout
 MAX_SECONDS_HEARTBEAT = 3600
+# Spark's own spark.network.timeout is 2 minutes: past it, a query that cannot reach its broker fails, naming
+# every endpoint and its last error, instead of showing an idle stream.
+DEFAULT_OUTAGE_TIMEOUT = 120.0
+MAX_OUTAGE_TIMEOUT = 7 * 86400.0
 DEFAULT_MAX_TRIGGER_DELAY = 900.0  # Kafka's maxTriggerDelay default (15m)
 # Queue mode holds a delayed batch's deliveries unacknowledged: keep well under
 # RabbitMQ's consumer_timeout (30 min by default).
@@ -67,6 +71,10 @@ class ConnectionOptions:
     heartbeat: int
     connection_timeout: float
     stream_protocol: bool = False  # rabbitmq-stream://: RabbitMQ's stream protocol, not AMQP 0-9-1
+    # How long a running query waits out a broker it cannot reach before it fails (the source's side).
+    outage_timeout: float = 120.0
+    # rabbitmq-stream:// through a load balancer: reach a stream's members through the uri, not at their advertised address.
+    load_balancer: bool = False
 
     @property
     def display_uri(self) -> str:
@@ -134,6 +142,8 @@ CONNECTION_KEYS = {
         "password",
         "heartbeat",
         "connectionTimeout",
+        "brokerOutageTimeout",
+        "loadBalancer",
         "tls.caFile",
         "tls.certFile",
         "tls.keyFile",
@@ -231,6 +241,12 @@ def parse_connection(r: OptionReader, stream_protocol: bool = False) -> Connecti
     elif any(r.text(k) is not None for k in tls_keys):
         raise AmqpOptionError("tls.* options need an amqps:// uri (or rabbitmq-stream+tls://)")
     heartbeat = r.integer("heartbeat", 60, 0, MAX_SECONDS_HEARTBEAT)
+    load_balancer = r.boolean("loadBalancer", False)
+    if load_balancer and scheme not in STREAM_SCHEMES:
+        raise AmqpOptionError(
+            "option 'loadBalancer' is for rabbitmq-stream:// uris (a stream is read on a node that holds it); over AMQP 0-9-1 "
+            "any node serves every queue: leave it out"
+        )
     assert heartbeat is not None
     return ConnectionOptions(
         endpoints=endpoints,
@@ -241,6 +257,8 @@ def parse_connection(r: OptionReader, stream_protocol: bool = False) -> Connecti
         heartbeat=heartbeat,
         connection_timeout=r.number("connectionTimeout", 30.0, 0.1, MAX_SECONDS_WAIT),
         stream_protocol=scheme in STREAM_SCHEMES,
+        outage_timeout=r.duration("brokerOutageTimeout", DEFAULT_OUTAGE_TIMEOUT, 1.0, MAX_OUTAGE_TIMEOUT),
+        load_balancer=load_balancer,
     )
 
 

@@ -209,6 +209,9 @@ class SourceRuntime:
         """
         session = self.session
         now = time.monotonic()
+        if session is not None and session.outage.down:
+            # Nothing can be measured: say so, beside the last figures, rather than show an idle queue.
+            return {**(self._backlog or {}), "outage": session.outage.report()}
         if session is None or now - self._backlog_at < BACKLOG_INTERVAL:
             return self._backlog
         self._backlog_at = now

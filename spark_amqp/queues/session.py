@@ -25,6 +25,7 @@ from .. import framing
 from ..backoff import Backoff
 from ..client import AmqpClient, ClientChannel, LazyProperties, queue_stats, stats_of
 from ..errors import AmqpProtocolError, AmqpReplyError, AmqpSourceError, NotFound, OtherConsumers, StreamInQueueMode, explain, is_transient
+from ..outage import BrokerOutage, Outage
 from ..reading.stream_consumers import is_stream
 from .channel_policy import ChannelPolicy
 from .inbox import AckConfirmed, Delivery, SessionClosed
@@ -60,6 +61,7 @@ class ConsumerSession:
         self._consuming: set[str] = set()
         self._policy = ChannelPolicy(options)
         self._last_error = ""
+        self.outage = Outage(options.connection.outage_timeout, options.connection.display_uri)
         self.server_version: tuple[int, int] | None = None  # the broker's, once connected
         self._main: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Future[None]] = set()
@@ -85,6 +87,11 @@ class ConsumerSession:
     def check(self) -> None:
         if self.fatal is None and not self._stopping and self._thread is not None and not self._thread.is_alive():
             self.fatal = AmqpSourceError("the AMQP consumer thread ended unexpectedly")
+        if self.fatal is None and self._started.is_set():
+            try:
+                self.outage.check()  # a broker gone this long is an error, not an idle queue
+            except BrokerOutage as err:
+                self.fatal = err
         if self.fatal is not None:
             raise self.fatal
 
@@ -159,11 +166,20 @@ class ConsumerSession:
                     self.fatal = self._error(err)
                     return
                 self._last_error = str(err)
+                self.outage.failed(err)
                 delay = backoff.next()
-                log.warning("AMQP source: cannot connect to %s (%s); retrying in %.1fs", connection.display_uri, err, delay)
+                log.warning(
+                    "AMQP source: cannot connect to %s (%s); retrying in %.1fs (no answer for %.0fs of brokerOutageTimeout=%gs)",
+                    connection.display_uri,
+                    err,
+                    delay,
+                    self.outage.seconds(),
+                    self.outage.timeout,
+                )
                 await asyncio.sleep(delay)
                 continue
             backoff.reset()
+            self.outage.recovered()
             self._client = client
             self.server_version = client.server_version
             tasks = [self._supervised(self._consume_queue(client, q)) for q in self.options.queues]
@@ -180,6 +196,7 @@ class ConsumerSession:
                 self.fatal = self._error(reason)
                 return
             self._last_error = str(reason)
+            self.outage.failed(reason)
             log.warning("AMQP source: connection to %s lost (%s); reconnecting", connection.display_uri, reason)
             await asyncio.sleep(backoff.next())
 

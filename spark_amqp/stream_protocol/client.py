@@ -59,6 +59,7 @@ class StreamClient(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed: asyncio.Future[AmqpProtocolError] = loop.create_future()
         self.server_properties: dict[str, str] = {}
+        self.connection_properties: dict[str, str] = {}
         self.server_version: tuple[int, int] | None = None
         self.frame_max = FRAME_MAX
         self.heartbeat = 0
@@ -92,7 +93,9 @@ class StreamClient(asyncio.Protocol):
         secret = f"\0{self.options.username}\0{self.options.password}".encode()
         await self.request(Key.SASL_AUTHENTICATE, string("PLAIN") + _SIZE.pack(len(secret)) + secret, "login")
         await asyncio.shield(self._tuned)
-        await self.request(Key.OPEN, string(self.options.vhost), f"vhost '{self.options.vhost}'")
+        opened = await self.request(Key.OPEN, string(self.options.vhost), f"vhost '{self.options.vhost}'")
+        # 3.11+ say which node this is, as its clients should reach it (stream.advertised_host/port).
+        self.connection_properties = {} if opened.at_end else opened.map()
 
     # -- asyncio.Protocol ---------------------------------------------------------
 

@@ -15,6 +15,7 @@ from typing import Any
 from ..backoff import Backoff
 from ..client.blocking import BlockingClient
 from ..errors import AmqpOptionError, AmqpSourceError, BrokerUnreachable
+from ..outage import Outage
 from ..reading.admission import Admission
 from .access import access_for
 from .identity import Identities
@@ -50,6 +51,7 @@ class StreamPlanner:
         self._known: dict[str, int] | None = None  # the last ends measured
         self._backoff = Backoff()
         self._retry_at = 0.0
+        self.outage = Outage(options.connection.outage_timeout, options.connection.display_uri)
         # PySpark 4.0/4.1 call latestOffset() without the batch's start: the last end this
         # process returned or was handed (a restart begins with partitions(x, x) of the newest
         # logged offset) stands in for it.
@@ -82,7 +84,10 @@ class StreamPlanner:
         except BrokerUnreachable as err:
             if self._known is None:
                 raise
-            # Once started, an outage that keeps a question from being answered means no new batch yet.
+            # Once started, an outage that keeps a question from being answered means no new batch yet,
+            # until it has lasted brokerOutageTimeout.
+            self.outage.failed(err)
+            self.outage.check()
             log.warning("AMQP source: %s; no new batch until the broker answers", err)
             kept = {s: n for s, n in origin.positions if s in self.streams}
             return StreamOffset.of(kept, origin.marks_dict())
@@ -170,13 +175,16 @@ class StreamPlanner:
                 self._backlog_ends = dict(self.ends())
             except AmqpSourceError as err:
                 log.debug("AMQP source: stream ends not measured: %s", err)
+        outage = self.outage.report()
         if self._backlog_ends is None:
-            return None
+            return None if outage is None else {"outage": outage}
         planned = self.last_end
         report: dict[str, Any] = {}
         for stream, end in self._backlog_ends.items():
             read_to = UNSET if planned is None else planned.get(stream)
             report[stream] = {"end": end} if read_to == UNSET else {"end": end, "behind": max(0, end - read_to)}
+        if outage is not None:
+            report["outage"] = outage  # the ends above are the last measured
         return report
 
     def close(self) -> None:
@@ -202,6 +210,8 @@ class StreamPlanner:
         except BrokerUnreachable as err:
             if known is None:
                 raise
+            self.outage.failed(err)
+            self.outage.check()
             delay = self._backoff.next()
             self._retry_at = time.monotonic() + delay
             log.warning(
@@ -214,6 +224,7 @@ class StreamPlanner:
         if self._backoff.failures:
             log.warning("AMQP source: the broker answers again after %d failed attempt(s)", self._backoff.failures)
         self._backoff.reset()
+        self.outage.recovered()
         self._known = found
         return dict(found)
 

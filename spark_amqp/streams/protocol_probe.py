@@ -24,6 +24,7 @@ from ..errors import AmqpSourceError, StreamResponseError
 from ..stream_protocol import chunks
 from ..stream_protocol.client import OffsetSpec, StreamClient
 from ..stream_protocol.rows import Conversion, RowMaker
+from ..stream_protocol.topology import STREAM_NOT_AVAILABLE, member_client
 from ..stream_protocol.wire import OK
 from .filtering import FILTER_VALUE_HEADER
 from .partitions import MAX_PARTITIONS
@@ -109,7 +110,15 @@ async def _one_chunk(client: StreamClient, stream: str, spec: tuple[int, int], p
             got.set_result(bytes(data))
 
     sub = free_subscription(client)
-    await client.subscribe(sub, stream, spec, 1, on_chunk)
+    try:
+        await client.subscribe(sub, stream, spec, 1, on_chunk)
+    except StreamResponseError as err:
+        if err.code != STREAM_NOT_AVAILABLE:
+            raise
+        # This node holds no member of the stream: ask one that does (a connection kept for such questions).
+        client = await member_client(client, stream)
+        sub = free_subscription(client)
+        await client.subscribe(sub, stream, spec, 1, on_chunk)
     try:
         data = await asyncio.wait_for(asyncio.shield(got), patience)
     except asyncio.TimeoutError:

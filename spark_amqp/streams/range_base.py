@@ -19,6 +19,7 @@ from typing import Any
 
 from ..backoff import Backoff
 from ..errors import AmqpSourceError, ConnectionLost, InternalError, explain, is_transient
+from ..outage import Outage
 from . import filtering
 from .access import access_for
 from .options import StreamSourceOptions
@@ -56,6 +57,7 @@ class RangeReader:
         # Every forward jump not yet checked: (first offset skipped, offset delivered next).
         self.gaps: list[tuple[int, int]] = []
         self.backoff = Backoff()
+        self.outage = Outage(options.connection.outage_timeout, options.connection.display_uri)
         self._refused = (-1, 0)  # (offset, how many 541s in a row there)
         self.row_filter = filtering.RowFilter(options.filter, options.match_unfiltered) if options.filter else None
         self.broker_filter = filtering.consumer_arguments(options)
@@ -163,6 +165,7 @@ class RangeReader:
             self.next_offset = offset + 1
             if self.backoff.failures:
                 self.backoff.reset()
+                self.outage.recovered()
         if offset >= end - 1:
             self.done = True
         return taken
@@ -231,7 +234,10 @@ class RangeReader:
 
     async def _resume(self, err: BaseException) -> None:
         """Read again after the last offset read, once the backoff's delay has passed. The planner reached the
-        broker before this task was planned, so an outage is waited out, however long, with a warning each time."""
+        broker before this task was planned, so an outage is waited out, with a warning each time, for up to
+        brokerOutageTimeout (then the task fails, naming each endpoint's last error, and Spark retries it)."""
+        self.outage.failed(err)
+        self.outage.check()
         delay = self.backoff.next()
         log.warning(
             "AMQP source: reading stream '%s' from offset %d again in %.1fs (attempt %d) after: %s",

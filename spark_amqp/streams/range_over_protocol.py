@@ -19,6 +19,7 @@ from ..errors import ConnectionLost
 from ..stream_protocol import chunks
 from ..stream_protocol.client import OffsetSpec, StreamClient
 from ..stream_protocol.rows import Conversion, RowMaker
+from ..stream_protocol.topology import connect_to_member
 from .options import StreamSourceOptions
 from .protocol_probe import free_subscription
 from .range_base import RangeReader
@@ -52,7 +53,9 @@ class ProtocolRangeReader(RangeReader):
         self.maker: RowMaker | None = None
 
     async def _connect(self) -> None:
-        client = await StreamClient.connect(self.options.connection, f"spark-amqp stream reader {self.part.stream}")
+        # A node that holds the stream (a subscription elsewhere gets 0x06): asked again after every lost
+        # connection or metadata update, so a reader follows its stream through failovers.
+        client = await connect_to_member(self.options.connection, self.part.stream, f"spark-amqp stream reader {self.part.stream}")
         self.client = client
         client.on_metadata_update = self._on_metadata_update
         client.closed.add_done_callback(lambda closed: self._on_closed(client, closed))

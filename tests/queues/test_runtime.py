@@ -294,6 +294,27 @@ def test_broker_refusing_connections_is_retried(embedded: EmbeddedBroker) -> Non
         d.close()
 
 
+def test_a_broker_gone_longer_than_broker_outage_timeout_fails_the_query_and_shows_meanwhile(embedded: EmbeddedBroker) -> None:
+    """Before, a lost broker was waited out without end, the query showing an idle queue."""
+    publish(embedded.url, "q", [b"m%d" % i for i in range(10)])
+    d = MicroBatchDriver(embedded.url, "q", brokerOutageTimeout="3s", connectionTimeout="1")
+    try:
+        d.drain(10)
+        embedded.refuse_connections(60.0)
+        embedded.drop_connections()
+        began = time.monotonic()
+        assert wait_for(lambda: (d.runtime.backlog() or {}).get("outage") is not None, timeout=5)
+        shown = d.runtime.backlog()["outage"]  # type: ignore[index]
+        assert shown["attempts"] >= 1 and ("socket closed" in shown["lastError"] or "refused" in shown["lastError"]), shown
+        with pytest.raises(AmqpSourceError, match=r"no answer from amqp://guest@127\.0\.0\.1:\d+/%2F for \d+s \(brokerOutageTimeout=3s\)"):
+            while time.monotonic() - began < 20:
+                d.runtime.latest_offset(d.start)  # Spark's calls while the broker is away
+                time.sleep(0.05)
+        assert time.monotonic() - began < 8
+    finally:
+        d.close()
+
+
 def test_available_now_with_a_small_target_keeps_the_rest_unplanned_once(embedded: EmbeddedBroker) -> None:
     publish(embedded.url, "q", [b"m%d" % i for i in range(12)], message_id=lambda i: f"id-{i}")
     d = MicroBatchDriver(embedded.url, "q", maxMessagesPerTrigger=5, prefetch=40)

@@ -684,6 +684,35 @@ def test_an_outage_longer_than_the_connection_timeout_only_delays_planning_and_r
         p.close()
 
 
+def test_an_outage_longer_than_broker_outage_timeout_fails_planning_and_reading_naming_the_broker(embedded, caplog) -> None:  # type: ignore[no-untyped-def]
+    """Before, a broker gone for good stalled the query without end: no new batch, no error."""
+    s = "outage.deadline"
+    declare_stream(embedded.url, s)
+    publish(embedded.url, s, 0, 3000)
+    extra = {"connectionTimeout": "1", "brokerOutageTimeout": "3s"}
+    p = StreamPlanner(options(embedded.url, s, **extra))
+    try:
+        assert p.ends() == {s: 3000}
+        batches = read_range(options(embedded.url, s, prefetch="100", **extra), StreamRange(s, 0, 3000), 500)
+        next(batches)
+        embedded.refuse_connections(60.0)
+        embedded.drop_connections()
+        began = time.monotonic()
+        with pytest.raises(AmqpSourceError, match=r"\(brokerOutageTimeout=3s\)"):
+            while time.monotonic() - began < 20:
+                assert p.latest_offset({s: 3000}, None, True) == StreamOffset.of({s: 3000})  # meanwhile: no new batch
+                report = p.backlog()
+                assert report is None or "outage" in report or report.get(s) is not None
+                time.sleep(0.1)
+        assert time.monotonic() - began < 8 and "outage" in (p.backlog() or {})
+        with pytest.raises(AmqpSourceError, match=r"no answer from .* \(brokerOutageTimeout=3s\)"):
+            for _ in batches:
+                pass
+        assert time.monotonic() - began < 16
+    finally:
+        p.close()
+
+
 def test_a_range_whose_stream_was_declared_again_fails_naming_it(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
     s = names.queue("stream")
     declare_stream(amqp_url, s)

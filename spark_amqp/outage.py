@@ -1,0 +1,79 @@
+"""``Outage``: since when a running query has not reached its broker, what each endpoint last said, and when
+waiting becomes a failure.
+
+Once a query has reached its broker, a lost broker is waited out with backoff (a restart, a failover, a
+rolling upgrade only delay it). Without a deadline a broker gone for good looks like an idle queue: no new
+batch, no error, warnings only in a log on the driver or an executor. So the query shows the outage in its
+progress (``report``), and fails after ``brokerOutageTimeout`` (``check``), naming every endpoint and the
+last thing each said. Pure: the caller records failures and successes and passes the clock.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from typing import Any
+
+from .errors import AllEndpointsFailed, AmqpSourceError
+
+__all__ = ["BrokerOutage", "Outage"]
+
+
+class BrokerOutage(AmqpSourceError):
+    """No endpoint of the uri answered for ``brokerOutageTimeout``."""
+
+
+class Outage:
+    def __init__(self, timeout: float, where: str) -> None:
+        self.timeout = timeout
+        self.where = where  # the uri as shown (no password)
+        self.since: float | None = None  # monotonic, when the first failure of this outage came
+        self.since_wall: float | None = None
+        self.last: dict[str, str] = {}  # endpoint (or the uri) -> its last error, in the order last tried
+        self.failures = 0
+
+    @property
+    def down(self) -> bool:
+        return self.since is not None
+
+    def failed(self, err: BaseException, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        if self.since is None:
+            self.since, self.since_wall = now, time.time() - (time.monotonic() - now)
+        self.failures += 1
+        cause = err.__cause__ if err.__cause__ is not None else err
+        if isinstance(cause, AllEndpointsFailed):
+            self.last = dict(cause.failures)
+        else:
+            self.last = {self.where: str(err)}
+
+    def recovered(self) -> None:
+        self.since = self.since_wall = None
+        self.last = {}
+        self.failures = 0
+
+    def seconds(self, now: float | None = None) -> float:
+        if self.since is None:
+            return 0.0
+        return (time.monotonic() if now is None else now) - self.since
+
+    def check(self, now: float | None = None) -> None:
+        """Raise ``BrokerOutage`` once the outage has lasted ``timeout`` seconds."""
+        if self.since is not None and self.seconds(now) >= self.timeout:
+            raise BrokerOutage(
+                f"no answer from {self.where} for {self.seconds(now):.0f}s (brokerOutageTimeout={self.timeout:g}s), "
+                f"{self.failures} attempt(s); the last error of each: {self.last_errors}. Check the broker and the "
+                "network; the query can be restarted from its checkpoint once the broker answers (raise "
+                "brokerOutageTimeout to wait longer)"
+            )
+
+    @property
+    def last_errors(self) -> str:
+        return ", ".join(f"{where} ({error})" if where != self.where else error for where, error in self.last.items())
+
+    def report(self, now: float | None = None) -> dict[str, Any] | None:
+        """What the query's progress shows of the outage (None while the broker answers)."""
+        if self.since_wall is None:
+            return None
+        since = datetime.datetime.fromtimestamp(self.since_wall, datetime.timezone.utc).isoformat(timespec="seconds")
+        return {"since": since, "seconds": round(self.seconds(now)), "attempts": self.failures, "lastError": self.last_errors}

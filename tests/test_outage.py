@@ -1,0 +1,45 @@
+"""``Outage``, without a broker: since when, what each endpoint last said, and when waiting becomes a failure."""
+
+from __future__ import annotations
+
+import pytest
+
+from spark_amqp.errors import AllEndpointsFailed, BrokerUnreachable, ConnectionLost
+from spark_amqp.outage import BrokerOutage, Outage
+
+WHERE = "amqp://etl@h1:5672,h2:5672/prod"
+
+
+def test_a_short_outage_is_waited_out_and_forgotten() -> None:
+    o = Outage(120.0, WHERE)
+    assert not o.down and o.report() is None
+    o.failed(ConnectionLost("socket closed by the broker"), now=10.0)
+    o.failed(ConnectionLost("cannot connect to h1:5672: connection refused"), now=40.0)
+    o.check(now=129.9)  # not yet
+    assert o.down and o.seconds(now=70.0) == 60.0 and o.failures == 2
+    o.recovered()
+    o.check(now=10_000.0)
+    assert not o.down and o.report() is None
+
+
+def test_past_the_timeout_it_fails_naming_every_endpoint_and_its_last_error() -> None:
+    o = Outage(120.0, WHERE)
+    failures = (("h1:5672", "connection refused"), ("h2:5672", "no answer within connectionTimeout=30s"))
+    o.failed(BrokerUnreachable("queue 'q' on ...: unreachable"), now=0.0)
+    unreachable = BrokerUnreachable("stream 's': cannot reach the broker")
+    unreachable.__cause__ = AllEndpointsFailed(failures)  # what BlockingClient raises: the walk's failure is the cause
+    o.failed(unreachable, now=60.0)
+    with pytest.raises(BrokerOutage) as caught:
+        o.check(now=120.0)
+    text = str(caught.value)
+    assert text.startswith(f"no answer from {WHERE} for 120s (brokerOutageTimeout=120s), 2 attempt(s)")
+    assert "h1:5672 (connection refused), h2:5672 (no answer within connectionTimeout=30s)" in text
+
+
+def test_the_progress_report_says_since_when_and_why() -> None:
+    o = Outage(120.0, WHERE)
+    o.failed(ConnectionLost("socket closed by the broker"), now=5.0)
+    report = o.report(now=47.0)
+    assert report is not None
+    assert report["seconds"] == 42 and report["attempts"] == 1 and report["lastError"] == "socket closed by the broker"
+    assert report["since"].endswith("+00:00")
