@@ -109,4 +109,5 @@ def test_a_stored_offset_that_comes_with_messages_goes_in_their_chunks_trailer(s
         ends = [first + records for first, records, _ in layout]
         assert layout[0][0] > 0 or any(nxt[0] > end for nxt, end in zip(layout[1:], ends[:-1], strict=True)), layout
     if len(layout) == 1:
-        assert layout == [(0, 3, writer + tracking)]
+        # Its first offset may be 1: a loaded RabbitMQ 4.0 was seen writing a tracking chunk first (offset 0).
+        assert [(records, trailer) for _, records, trailer in layout] == [(3, writer + tracking)], layout
