@@ -24,6 +24,7 @@ from ..backoff import Backoff
 from ..errors import AmqpProtocolError, AmqpPublishError, StreamResponseError, explain, is_transient
 from ..options import SinkOptions
 from ..stream_protocol.client import StreamClient
+from ..stream_protocol.topology import connect_to_leader
 from ..streams.partitions import MAX_PARTITIONS
 from .producers import Producer
 from .publisher import PublishResult, retry_hint
@@ -108,8 +109,12 @@ class StreamPartitionPublisher:
         self._buffers.clear()
         self._buffer_sizes.clear()
         self._buffered = 0
+        name = f"spark-amqp sink {self.producer.description}"
         try:
-            client = await StreamClient.connect(opts.connection, f"spark-amqp sink {self.producer.description}")
+            if opts.stream is not None:  # one stream: publish on its leader's node (much faster than forwarded)
+                client = await connect_to_leader(opts.connection, opts.stream, name)
+            else:  # a super stream's partitions lead on several nodes: one connection through any of them
+                client = await StreamClient.connect(opts.connection, name)
         except AmqpProtocolError as err:
             raise _Failed(err) from None
         self._client = client

@@ -26,7 +26,7 @@ from ..options import ConnectionOptions
 from .client import StreamClient
 from .wire import OK, Key, strings
 
-__all__ = ["STREAM_NOT_AVAILABLE", "Members", "connect_to_member", "member_client", "members", "node_of"]
+__all__ = ["STREAM_NOT_AVAILABLE", "Members", "connect_to_leader", "connect_to_member", "member_client", "members", "node_of"]
 
 log = logging.getLogger("spark_amqp.streams")
 
@@ -162,6 +162,43 @@ async def _through_load_balancer(
         f"stream '{stream}': {tries} connections through {options.display_uri} reached none of the nodes that hold it "
         f"({', '.join(str(e) for e in sorted(found.all, key=str))}); check that the load balancer forwards to every node"
     )
+
+
+async def connect_to_leader(options: ConnectionOptions, stream: str, client_name: str) -> StreamClient:
+    """A connection to the node that leads ``stream``, for a publisher: any node takes publishes and forwards
+    them to the leader, but at a cost (RabbitMQ 4.3.6, 3 nodes, 200k messages with confirms, our client:
+    367k msg/s through the leader, 131k through another node). Any node will do where the leader cannot be
+    reached."""
+    first = await StreamClient.connect(options, client_name)
+    try:
+        found = (await members(first, stream)).get(stream)
+        here = node_of(first)
+        if found is None or found.code != OK or found.leader is None or here is None or here == found.leader:
+            return first
+        leader = await _leader(options, client_name, found)
+        if leader is None:
+            log.warning("AMQP sink: the leader of stream '%s' (%s) cannot be reached: publishing through %s", stream, found.leader, here)
+            return first
+        await first.close()
+        return leader
+    except BaseException:
+        first.abort(ConnectionLost("closed"))
+        raise
+
+
+async def _leader(options: ConnectionOptions, client_name: str, found: Members) -> StreamClient | None:
+    assert found.leader is not None
+    if not options.load_balancer:
+        try:
+            return await StreamClient.connect(_at(options, (found.leader,)), client_name)
+        except ConnectionLost:
+            return None
+    for _ in range(LOAD_BALANCER_TRIES_PER_MEMBER * len(found.all)):
+        client = await StreamClient.connect(options, client_name)
+        if node_of(client) == found.leader:
+            return client
+        await client.close()
+    return None
 
 
 def _unreachable(stream: str, found: Members, err: BaseException, options: ConnectionOptions) -> ConnectionLost:

@@ -96,10 +96,10 @@ class Cluster:
             _tool("cli", name, "rabbitmq-upgrade", "revive")
 
 
-@pytest.fixture(autouse=True)
-def one_at_a_time() -> Iterator[None]:
-    """One cluster test at a time across pytest-xdist's workers: a test that stops a node would break another
-    that counts on every node (or stops the same one)."""
+@contextmanager
+def cluster_lock() -> Iterator[None]:
+    """One cluster test at a time across pytest-xdist's workers and test runs: a test that stops a node would
+    break another that counts on every node (or stops the same one)."""
     with open(Path(tempfile.gettempdir()) / "spark-amqp-cluster-tests.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
@@ -108,8 +108,19 @@ def one_at_a_time() -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+@pytest.fixture(autouse=True)
+def one_at_a_time() -> Iterator[None]:
+    with cluster_lock():
+        yield
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Cluster:
+    return find_cluster()
+
+
+def find_cluster() -> Cluster:
+    """The cluster of ``AMQP_TEST_CLUSTER_URL`` and those of its nodes ``tools/rabbitmq`` runs (skips without one)."""
     if CLUSTER_URL is None:
         pytest.skip("AMQP_TEST_CLUSTER_URL not set: no RabbitMQ cluster (tools/rabbitmq cluster-url)")
     ports = {int(h.rpartition(":")[2]) for h in hosts_of(CLUSTER_URL)}

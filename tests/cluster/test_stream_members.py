@@ -15,7 +15,7 @@ import pika
 import pytest
 
 from spark_amqp.options import ConnectionOptions
-from spark_amqp.stream_protocol.topology import connect_to_member, members, node_of
+from spark_amqp.stream_protocol.topology import connect_to_leader, connect_to_member, members, node_of
 from spark_amqp.streams.options import parse_stream_options
 from spark_amqp.streams.planner import StreamPlanner
 from spark_amqp.streams.range_reader import read_range
@@ -152,3 +152,24 @@ def test_behind_a_load_balancer_readers_connect_through_the_uri_until_they_reach
     opts = parse_stream_options({"uri": _without(stream_url, cluster, "c1"), "stream": stream_only_on_c1, "loadBalancer": "true"})
     with pytest.raises(Exception, match=r"reached none of the nodes that hold it"):
         asyncio.run(connect_to_member(opts.connection, stream_only_on_c1, "spark-amqp test members"))
+
+
+def test_a_publisher_goes_to_the_streams_leader(cluster: Cluster, stream_url: str, replicated_stream: str) -> None:
+    """Publishing through another node is forwarded to the leader, at a third of the rate (measured: 131k against
+    367k msg/s): the sink connects to the leader, directly or, behind a load balancer, through the uri."""
+
+    async def main(extra: dict[str, str]) -> set[int]:
+        opts = parse_stream_options({"uri": stream_url, "stream": replicated_stream, **extra}).connection
+        reached = set()
+        for _ in range(6):
+            client = await connect_to_leader(opts, replicated_stream, "spark-amqp test members")
+            found = (await members(client, replicated_stream))[replicated_stream]
+            here = node_of(client)
+            assert here is not None and here == found.leader, (here, found)
+            reached.add(here.port)
+            await client.close()
+        return reached
+
+    leader_port = cluster.node("c1").stream_port  # declared there, client-local
+    assert asyncio.run(main({})) == {leader_port}
+    assert asyncio.run(main({"loadBalancer": "true"})) == {leader_port}
