@@ -20,8 +20,8 @@ __all__ = ["SPARK_KEYS", "OptionReader", "ambiguity", "redact_uri", "split_uri"]
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h)?")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
-# Keys Spark itself adds to a data source's options.
-SPARK_KEYS = frozenset({"path", "checkpointlocation"})
+# Keys Spark itself adds to a data source's options: writeStream's queryName() arrives as one too.
+SPARK_KEYS = frozenset({"path", "checkpointlocation", "queryname"})
 
 
 class OptionReader:

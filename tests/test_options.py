@@ -7,7 +7,7 @@ import pytest
 from spark_amqp.endpoints import Endpoint
 from spark_amqp.errors import AmqpOptionError
 from spark_amqp.option_reader import OptionReader
-from spark_amqp.options import parse_connection
+from spark_amqp.options import parse_connection, parse_sink_options
 from spark_amqp.queues.options import parse_source_options
 
 BASE = {"uri": "amqp://alice:s3cret-pw@rabbit.example:5673/prod", "queue": "orders"}
@@ -338,3 +338,11 @@ def test_a_host_list_is_refused_before_anything_connects_in_every_mode() -> None
         with pytest.raises(AmqpOptionError, match="option 'uri' is not a valid AMQP URI") as info:
             parse()
         assert "s3cret-pw" not in str(info.value)
+
+
+def test_the_keys_spark_adds_itself_are_not_refused_as_unknown() -> None:
+    """writeStream.queryName(...) reaches a Python sink as option 'queryName' (seen on PySpark 4.3): a named
+    streaming query into the sink failed with "unknown option 'queryname'"."""
+    spark_adds = {"path": "/tmp/out", "checkpointLocation": "/tmp/c", "queryName": "orders-to-rabbit"}
+    assert parse_sink_options({"uri": "amqp://h/", **spark_adds}).connection.endpoints
+    assert parse_source_options({"uri": "amqp://h/", "queue": "q", **spark_adds}).queues == ("q",)

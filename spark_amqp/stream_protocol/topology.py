@@ -220,8 +220,10 @@ async def member_client(client: StreamClient, stream: str) -> StreamClient:
     """A connection to a node holding ``stream``, for a question ``client``'s node answered with 0x06 (it
     holds no member): one per member node, kept while ``client`` is open and closed with it."""
     found = (await members(client, stream)).get(stream)
-    if found is None or found.code != OK or not found.all:
-        raise StreamResponseError(found.code if found is not None else STREAM_NOT_AVAILABLE, f"stream '{stream}'")
+    if found is not None and found.code != OK:
+        raise StreamResponseError(found.code, f"stream '{stream}'")
+    if found is None or not found.all:  # it exists, but no member runs now (a node drained or restarting)
+        raise StreamResponseError(STREAM_NOT_AVAILABLE, f"stream '{stream}'")
     side = _SIDE.get(client)
     if side is None:
         side = _SIDE[client] = {}
