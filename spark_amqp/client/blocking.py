@@ -86,6 +86,8 @@ class BlockingClient(Generic[C]):
         loop.call_soon_threadsafe(loop.stop)
         if self._thread is not None:
             self._thread.join(5.0)
+            if not self._thread.is_alive():
+                loop.close()  # else the garbage collector closes it later, on a self-pipe that may be gone
         self._loop = self._thread = None
 
     def _submit(self, call: Callable[[C], Awaitable[T]]) -> T:

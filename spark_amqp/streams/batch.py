@@ -56,7 +56,11 @@ def resolve_bounds(options: StreamSourceOptions) -> tuple[dict[str, int], dict[s
     starts: dict[str, int] = {}
     ends: dict[str, int] = {}
     try:
-        client.run(lambda c: access.require(c, options), "option 'filter'")
+        # The first call opens the connection: what fails there is the read's (a refused filter explains itself).
+        reading = (
+            f"super stream '{options.discover}'" if options.discover is not None else ", ".join(f"stream '{s}'" for s in options.streams)
+        )
+        client.run(lambda c: access.require(c, options), reading)
         name = options.discover
         streams = options.streams if name is None else client.run(lambda c: access.partitions_of(c, name), f"super stream '{name}'")
         for stream in streams:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..backoff import Backoff
@@ -148,15 +149,31 @@ class StreamPlanner:
         first, last = StreamOffset.from_json(start), StreamOffset.from_json(end)
         self.last_end = last
         if not self.streams:
-            self._discover()  # a restart replays a batch before it asks for a new one
+            self._patiently(self._discover)  # a restart replays a batch before it asks for a new one
         for known in (last, first):  # after a restart: the batch Spark replays must read the same streams
-            self.identities.check(known, self.streams)
+            self._patiently(lambda: self.identities.check(known, self.streams))  # noqa: B023 (called at once)
         starts, ends = {}, {}
         for stream, stop in last.positions:
             begin = first.get(stream)
             if begin != UNSET and stop != UNSET:  # a batch that fixes where a stream starts reads nothing of it
                 starts[stream], ends[stream] = begin, stop
         return split(starts, ends, self.options.num_partitions, self.options.min_partition_size)
+
+    def _patiently(self, ask: Callable[[], None]) -> None:
+        """Ask, waiting out an outage up to brokerOutageTimeout: a batch Spark has logged cannot be answered
+        with "no batch yet", as latestOffset can (seen: a stream's only node drained under a query)."""
+        backoff = Backoff()
+        while True:
+            try:
+                ask()
+                self.outage.recovered()
+                return
+            except BrokerUnreachable as err:
+                self.outage.failed(err)
+                self.outage.check()
+                delay = backoff.next()
+                log.warning("AMQP source: %s; planning the batch again in %.1fs", err, delay)
+                time.sleep(delay)
 
     def prepare_available_now(self) -> None:
         # Spark calls this before initialOffset and latestOffset: a super stream found by name has no

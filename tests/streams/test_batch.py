@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from spark_amqp.errors import AmqpOptionError, AmqpSourceError
+from spark_amqp.errors import AmqpOptionError, AmqpSourceError, BrokerUnreachable
 from spark_amqp.streams.batch import StreamBatchReader, resolve_bounds
+from spark_amqp.streams.options import parse_stream_options
 from spark_amqp.streams.planner import StreamPlanner
 
 from .test_reading import _truncated_stream, declare_stream, next_second, options, publish
@@ -86,3 +87,10 @@ def test_retention_past_the_start_fails_or_is_skipped(amqp_url: str, names) -> N
         read_all(StreamBatchReader(options(amqp_url, s, **bounds)))
     lenient = read_all(StreamBatchReader(options(amqp_url, s, failOnDataLoss="false", **bounds)))
     assert sorted(o for o, _ in lenient) == list(range(head, head + 5))
+
+
+def test_a_batch_read_that_cannot_connect_names_the_stream_not_the_filter() -> None:
+    """Every spark.read of a stream reported connection failures as "option 'filter' on …", filter or not."""
+    o = parse_stream_options({"uri": "rabbitmq-stream://127.0.0.1:1/%2F", "stream": "events", "connectionTimeout": "0.5"})
+    with pytest.raises(BrokerUnreachable, match=r"^stream 'events' on rabbitmq-stream://guest@127.0.0.1:1/%2F: cannot connect"):
+        resolve_bounds(o)
