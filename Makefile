@@ -123,7 +123,7 @@ rabbitmq:
 ## The Spark tests on another PySpark line (tests marked `delta` run in `make test` on the Delta line, `pinned` on the
 ## pinned line only), on the embedded broker: what differs between PySpark lines does not depend on the RabbitMQ line.
 $(PYSPARK_LINES:%=test-pyspark%): test-pyspark%: .venv-pyspark%/.wheel
-	env -u AMQP_TEST_BROKERS -u AMQP_TEST_URL .venv-pyspark$*/bin/python -m pytest tests/spark -m "spark and not delta and not pinned" $(PYTEST_ARGS)
+	env -u AMQP_TEST_BROKERS -u AMQP_TEST_URL -u AMQP_TEST_CLUSTER_URL -u AMQP_TEST_CLUSTER_STREAM_URL -u AMQP_TEST_TLS_URL -u AMQP_TEST_TLS_STREAM_URL -u AMQP_TEST_TLS_DIR -u AMQP_TEST_OAUTH_URL -u AMQP_TEST_OAUTH_STREAM_URL .venv-pyspark$*/bin/python -m pytest tests/spark -m "spark and not delta and not pinned" $(PYTEST_ARGS)
 
 ## The Spark tests on every other PySpark line; `make test` covers the pinned one.
 test-matrix: $(PYSPARK_LINES:%=test-pyspark%)
@@ -141,7 +141,7 @@ $(PY310_VENV)/.installed: $(STAMP) conf/constraints-python3.10.txt pyproject.tom
 	touch $@
 
 test-python3.10: $(PY310_VENV)/.installed
-	env -u AMQP_TEST_BROKERS -u AMQP_TEST_URL -u AMQP_TEST_DENYING_URL $(PY310_VENV)/bin/python -m pytest -m "not spark" -n $(TEST_WORKERS) -p no:cacheprovider $(PYTEST_ARGS)
+	env -u AMQP_TEST_BROKERS -u AMQP_TEST_URL -u AMQP_TEST_DENYING_URL -u AMQP_TEST_CLUSTER_URL -u AMQP_TEST_CLUSTER_STREAM_URL -u AMQP_TEST_TLS_URL -u AMQP_TEST_TLS_STREAM_URL -u AMQP_TEST_TLS_DIR -u AMQP_TEST_OAUTH_URL -u AMQP_TEST_OAUTH_STREAM_URL $(PY310_VENV)/bin/python -m pytest -m "not spark" -n $(TEST_WORKERS) -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -8,7 +8,8 @@ Whether a failure is worth retrying is decided here and only here, by
 itself: a 406 no method caused, or whose text says a stream's replica on that
 node is not running; a 541 that names a deprecated feature. The client
 raises these classes when the broker closes a channel or connection; the
-embedded broker raises the same classes to close them.
+embedded broker raises the same classes to close them. ``explain`` (in
+``explain.py``, importable from here) turns any of them into advice.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ __all__ = [
     "ConnectionLost",
     "DecodeError",
     "HandshakeFailed",
+    "LoginRefused",
     "NotAllowed",
     "NotFound",
     "OtherConsumers",
@@ -41,6 +43,9 @@ __all__ = [
     "ResourceLocked",
     "StreamInQueueMode",
     "StreamResponseError",
+    "TokenError",
+    "TokenUnavailable",
+    "explain",
     "is_transient",
     "method_name",
     "reply_error",
@@ -95,6 +100,24 @@ class AllEndpointsFailed(ConnectionLost):
 
 class HandshakeFailed(AmqpProtocolError):
     """The peer is not an AMQP 0-9-1 broker, or TLS failed (wrong port, untrusted certificate)."""
+
+
+class LoginRefused(AmqpProtocolError):
+    """A login the broker refused that a password cannot fix: a client certificate (SASL EXTERNAL) it does
+    not accept, or no offer of the mechanism the options call for. Its message is whole: what was tried
+    and the option to change."""
+
+
+class TokenError(AmqpProtocolError):
+    """No usable OAuth 2 token: the token endpoint or provider refused or answered nonsense, or the broker
+    refused the token, at login or at renewal. The message says "token" and names the option, never the
+    token or the client secret."""
+
+
+class TokenUnavailable(TokenError):
+    """The token endpoint could not be reached, or failed on its side (5xx): asking again later may work."""
+
+    retryable = True
 
 
 class CallbackFailed(AmqpProtocolError):
@@ -309,6 +332,8 @@ STREAM_CODES: MappingProxyType[int, tuple[str, bool]] = MappingProxyType(
         0x11: ("precondition failed", False),
         0x12: ("publisher does not exist", False),
         0x13: ("no offset", False),
+        0x14: ("SASL cannot change mechanism", False),
+        0x15: ("SASL cannot change username", False),
     }
 )
 
@@ -377,68 +402,8 @@ def is_transient(err: BaseException) -> bool:
     return isinstance(err, OSError)
 
 
-# What to do instead of a deprecated feature RabbitMQ 4.x can deny (deprecated_features.permit.<name> = false).
-DEPRECATED_FIXES = {
-    "transient_nonexcl_queues": "declare the queue durable (queueDurable=true, the default) or let an application declare it",
-    "global_qos": "use per-consumer prefetch (the connector always does)",
-}
-
-
 def explain(err: BaseException, where: str, user: str, vhost: str, subject: str = "") -> str:
-    """What went wrong and how to fix it, for the person running the job.
+    """``explain.explain``, importable from here too (explain.py builds on the classes above)."""
+    from .explain import explain as explained
 
-    ``where`` is the broker's display uri (never a password), ``subject`` what
-    the call was about (``queue 'orders'``, ``exchange 'events'``).
-    """
-    about = f"{subject} on {where}" if subject else where
-    if isinstance(err, AccessRefused):
-        if err.closes_connection:
-            return f"the broker refused the login of user '{user}' on {where} ({err}); check the uri's user and the 'password' option"
-        return (
-            f"{about}: user '{user}' is not allowed to do this ({err}); grant the user configure/write/read permissions on vhost '{vhost}'"
-        )
-    if isinstance(err, NotAllowed):
-        return f"{where}: vhost '{vhost}' does not exist or user '{user}' may not use it ({err}); check the vhost at the end of the uri ('%2F' for '/')"
-    if isinstance(err, StreamResponseError):
-        return _explain_stream_code(err, about, where, user, vhost)
-    if isinstance(err, NotFound):
-        if subject.startswith("stream"):
-            return f"{about}: not found ({err}); declare it first as a stream queue (x-queue-type=stream)"
-        return f"{about}: not found ({err}); create it first, or let the connector declare it (declareQueue / declareExchange)"
-    if isinstance(err, PreconditionFailed) and err.no_local_replica:
-        return (
-            f"{about}: the node this connection reached has no running replica of the stream ({err}): a leader failover "
-            "restarts it for a few seconds, or the stream has no member on that node; reconnecting tries another node"
-        )
-    if isinstance(err, PreconditionFailed) and err.method == "Queue.Declare":
-        return f"{about}: the queue exists with other properties than those asked for ({err}); make queueDurable/queueArguments match the queue, or leave declareQueue off"
-    if isinstance(err, ResourceLocked):
-        return f"{about}: locked by another connection ({err}): an exclusive queue, or a queue with an exclusive consumer"
-    if isinstance(err, InternalError) and err.deprecated_feature:
-        return (
-            f"{about}: the broker denies the deprecated feature '{err.deprecated_feature}' ({err.code} {err.reply}); "
-            f"{DEPRECATED_FIXES.get(err.deprecated_feature, 'stop using it, or ask the operator to permit it')}"
-        )
-    if isinstance(err, AmqpReplyError):
-        return f"{about}: the broker refused it ({err})"
-    if isinstance(err, AmqpProtocolError):
-        return f"{about}: {err}"
-    return f"{about}: {type(err).__name__}: {err}"
-
-
-def _explain_stream_code(err: StreamResponseError, about: str, where: str, user: str, vhost: str) -> str:
-    """``explain`` for a stream-protocol response code: the same advice as for the AMQP 0-9-1 reply it matches."""
-    if err.code == 0x02:
-        return (
-            f"{about}: not found ({err}); declare it first as a stream queue (x-queue-type=stream). The stream protocol "
-            "sees streams only: a classic or quorum queue is read with option 'queue' and an amqp:// uri"
-        )
-    if err.code in (0x08, 0x0B):
-        return f"the broker refused the login of user '{user}' on {where} ({err}); check the uri's user and the 'password' option"
-    if err.code == 0x0C:
-        return f"{where}: vhost '{vhost}' does not exist or user '{user}' may not use it ({err}); check the vhost at the end of the uri ('%2F' for '/')"
-    if err.code == 0x10:
-        return (
-            f"{about}: user '{user}' is not allowed to do this ({err}); grant the user configure/write/read permissions on vhost '{vhost}'"
-        )
-    return f"{about}: the broker refused it ({err})"
+    return explained(err, where, user, vhost, subject)

@@ -6,7 +6,8 @@ Validation happens here and only here, before anything connects. Keys are
 matched case-insensitively (Spark lower-cases them anyway); an unknown key is an
 error that lists the valid ones. The password lives only in
 ``ConnectionOptions.password``, which is excluded from ``repr``; everything that
-is shown to a person uses ``ConnectionOptions.display_uri``. A uri may name
+is shown to a person uses ``ConnectionOptions.display_uri``. TLS and the login
+(client certificates, SASL EXTERNAL, OAuth 2) are parsed in ``auth_options.py``. A uri may name
 several nodes of a cluster (``amqp://user@host1:5672,host2:5672/vhost``): they
 become ``ConnectionOptions.endpoints`` (see ``endpoints.py``).
 """
@@ -19,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .auth_options import OAuth2Options, TlsOptions, parse_login, parse_tls
 from .endpoints import Endpoint, parse_endpoints
 from .errors import AmqpOptionError
 from .option_reader import OptionReader, ambiguity, redact_uri, split_uri
@@ -47,14 +49,6 @@ DEFAULT_MAX_TRIGGER_DELAY = 900.0  # Kafka's maxTriggerDelay default (15m)
 MAX_TRIGGER_DELAY = 3600.0
 
 
-@dataclass(frozen=True)
-class TlsOptions:
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
-    check_hostname: bool = True
-
-
 # (stream protocol, TLS) -> the uri scheme that says so
 _SCHEMES = {(False, False): "amqp", (False, True): "amqps", (True, False): "rabbitmq-stream", (True, True): "rabbitmq-stream+tls"}
 
@@ -75,6 +69,8 @@ class ConnectionOptions:
     outage_timeout: float = 120.0
     # rabbitmq-stream:// through a load balancer: reach a stream's members through the uri, not at their advertised address.
     load_balancer: bool = False
+    mechanism: str = "PLAIN"  # SASL: PLAIN (a password or an OAuth 2 token) or EXTERNAL (the client certificate)
+    oauth2: OAuth2Options | None = None  # where the tokens that stand in for the password come from
 
     @property
     def display_uri(self) -> str:
@@ -148,6 +144,14 @@ CONNECTION_KEYS = {
         "tls.certFile",
         "tls.keyFile",
         "tls.checkHostname",
+        "tls.serverName",
+        "tls.keyPassword",
+        "authMechanism",
+        "oauth2.tokenEndpoint",
+        "oauth2.clientId",
+        "oauth2.clientSecret",
+        "oauth2.scope",
+        "oauth2.tokenProvider",
     )
 }
 # Options that only mean something when publishing over AMQP 0-9-1 (an exchange routes each message).
@@ -223,23 +227,8 @@ def parse_connection(r: OptionReader, stream_protocol: bool = False) -> Connecti
     path = parts.path[1:] if parts.path.startswith("/") else parts.path
     vhost = urllib.parse.unquote(path) if path else "/"
     user, has_password, uri_password = (userinfo or "").partition(":")
-    username = urllib.parse.unquote(user) if user else "guest"
-    password = r.text("password")
-    if password is None:
-        password = urllib.parse.unquote(uri_password) if has_password else "guest"
-    tls_keys = ("tls.caFile", "tls.certFile", "tls.keyFile", "tls.checkHostname")
-    tls: TlsOptions | None = None
-    if scheme in ("amqps", "rabbitmq-stream+tls"):
-        tls = TlsOptions(
-            r.readable_file("tls.caFile"),
-            r.readable_file("tls.certFile"),
-            r.readable_file("tls.keyFile"),
-            r.boolean("tls.checkHostname", True),
-        )
-        if (tls.cert_file is None) != (tls.key_file is None):
-            raise AmqpOptionError("options 'tls.certFile' and 'tls.keyFile' go together: give both or neither")
-    elif any(r.text(k) is not None for k in tls_keys):
-        raise AmqpOptionError("tls.* options need an amqps:// uri (or rabbitmq-stream+tls://)")
+    tls = parse_tls(r, scheme in ("amqps", "rabbitmq-stream+tls"))
+    login = parse_login(r, urllib.parse.unquote(user) or None, urllib.parse.unquote(uri_password) if has_password else None, tls)
     heartbeat = r.integer("heartbeat", 60, 0, MAX_SECONDS_HEARTBEAT)
     load_balancer = r.boolean("loadBalancer", False)
     if load_balancer and scheme not in STREAM_SCHEMES:
@@ -251,14 +240,16 @@ def parse_connection(r: OptionReader, stream_protocol: bool = False) -> Connecti
     return ConnectionOptions(
         endpoints=endpoints,
         vhost=vhost,
-        username=username,
-        password=password,
+        username=login.username,
+        password=login.password,
         tls=tls,
         heartbeat=heartbeat,
         connection_timeout=r.number("connectionTimeout", 30.0, 0.1, MAX_SECONDS_WAIT),
         stream_protocol=scheme in STREAM_SCHEMES,
         outage_timeout=r.duration("brokerOutageTimeout", DEFAULT_OUTAGE_TIMEOUT, 1.0, MAX_OUTAGE_TIMEOUT),
         load_balancer=load_balancer,
+        mechanism=login.mechanism,
+        oauth2=login.oauth2,
     )
 
 

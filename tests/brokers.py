@@ -8,7 +8,8 @@ RabbitMQ 3.10 and 4.x differ. The embedded broker models the newest 4.x line CI 
 
 A cluster, named by one uri that lists its nodes (``tools/rabbitmq cluster-url`` and
 ``cluster-stream-url``), comes from ``AMQP_TEST_CLUSTER_URL`` and ``AMQP_TEST_CLUSTER_STREAM_URL``;
-the tests in ``tests/cluster`` are skipped without them.
+the tests in ``tests/cluster`` are skipped without them. The TLS node (``AMQP_TEST_TLS_URL`` and the
+rest, below) runs ``tests/auth``.
 """
 
 from __future__ import annotations
@@ -74,6 +75,22 @@ STREAM_URLS = {b.url: _STREAM_BY_NAME[b.name] for b in REAL if b.name in _STREAM
 # A cluster's nodes in one uri each (amqp://…@host1:port1,host2:port2/vhost), or None.
 CLUSTER_URL = os.environ.get("AMQP_TEST_CLUSTER_URL") or None
 CLUSTER_STREAM_URL = os.environ.get("AMQP_TEST_CLUSTER_STREAM_URL") or None
+
+# The TLS node (tools/rabbitmq's "tls": client certificates verified, EXTERNAL, OAuth 2 tokens signed by the
+# key in its tls-dir): its amqps:// and rabbitmq-stream+tls:// uris, its test certificates, and its plain
+# amqp:// and rabbitmq-stream:// uris (token logins). tests/auth and test_managed_logins skip without them.
+TLS_URL = os.environ.get("AMQP_TEST_TLS_URL") or None
+TLS_STREAM_URL = os.environ.get("AMQP_TEST_TLS_STREAM_URL") or None
+TLS_DIR = os.environ.get("AMQP_TEST_TLS_DIR") or None
+OAUTH_URL = os.environ.get("AMQP_TEST_OAUTH_URL") or None
+OAUTH_STREAM_URL = os.environ.get("AMQP_TEST_OAUTH_STREAM_URL") or None
+
+
+def tls_ctl(*args: str) -> str:
+    """rabbitmqctl for the TLS node (``AMQP_TEST_TLS_CTL`` to run another command)."""
+    override = os.environ.get("AMQP_TEST_TLS_CTL")
+    command = shlex.split(override) if override else [str(TOOLS), "ctl", "tls"]
+    return subprocess.run([*command, *args], check=True, capture_output=True, text=True, timeout=60).stdout
 
 
 def note_embedded(broker: EmbeddedBroker) -> EmbeddedBroker:

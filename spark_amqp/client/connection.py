@@ -5,8 +5,10 @@ frames and hands them to channels, writes go straight to the transport.
 Every way the connection can end is one exception from ``spark_amqp.errors``
 set on ``closed``: a ``connection.close`` from the broker becomes its reply
 code's class, a dead socket or silent peer ``ConnectionLost``, TLS or a
-non-AMQP peer ``HandshakeFailed``. Whether to retry is the caller's call,
-through ``errors.is_transient``.
+non-AMQP peer ``HandshakeFailed``, a refused certificate or token login
+``LoginRefused`` / ``TokenError``. Whether to retry is the caller's call,
+through ``errors.is_transient``. A connection that logged in with an OAuth 2
+token renews it before it expires (``connection.update-secret``; ``login.py``).
 """
 
 from __future__ import annotations
@@ -18,11 +20,14 @@ from typing import Any
 from pamqp import commands
 
 from .. import framing
-from ..errors import AmqpProtocolError, CallbackFailed, ConnectionLost, DecodeError, HandshakeFailed, reply_error
+from ..errors import AmqpProtocolError, CallbackFailed, ConnectionLost, DecodeError, HandshakeFailed, TokenError, reply_error
 from ..options import ConnectionOptions
+from ..tokens import Token
 from . import consumer
 from .channel import ClientChannel
 from .dial import open_within_timeout, tls_context
+from .login import Login, Renewal
+from .tls import lost, peer
 
 __all__ = ["AmqpClient", "open_within_timeout", "tls_context"]
 
@@ -41,10 +46,14 @@ def parse_version(value: Any) -> tuple[int, int] | None:
 class AmqpClient(asyncio.Protocol):
     """One connection; deliveries are handed to channel callbacks from ``data_received``."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, options: ConnectionOptions, client_name: str) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, options: ConnectionOptions, client_name: str, login: Login | None = None) -> None:
         self.loop = loop
         self.options = options
         self.client_name = client_name
+        self.login = login or Login(options)
+        self.peer = "the broker"  # host:port once connected
+        self.renewal: Renewal | None = None  # with an OAuth 2 token: renews it while the connection is open
+        self._secret_ok: asyncio.Future[None] | None = None  # a connection.update-secret awaiting its answer
         self.transport: asyncio.Transport | None = None
         self.channels: dict[int, ClientChannel] = {}
         self.closed: asyncio.Future[AmqpProtocolError] = loop.create_future()
@@ -66,18 +75,20 @@ class AmqpClient(asyncio.Protocol):
         """Connect, log in and open the vhost on the first endpoint that lets us (``connectionTimeout`` each);
         nothing is left open on failure."""
         loop = asyncio.get_running_loop()
-        return await open_within_timeout(options, lambda: cls(loop, options, client_name), lambda c: asyncio.shield(c._opened))
+        login = await Login.prepare(options)  # a token is fetched once for the whole walk over the endpoints
+        return await open_within_timeout(options, lambda: cls(loop, options, client_name, login), lambda c: asyncio.shield(c._opened))
 
     # -- asyncio.Protocol ---------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        self.peer = peer(transport)
         self._last_recv = self.loop.time()
         transport.write(framing.PROTOCOL_HEADER)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._lost(ConnectionLost(f"socket closed: {exc}" if exc else "socket closed by the broker"))
+        self._lost(lost(exc, self.peer, self.options.tls))
 
     def data_received(self, data: bytes) -> None:
         self._last_recv = self.loop.time()
@@ -143,8 +154,13 @@ class AmqpClient(asyncio.Protocol):
                     "connection.blocked": True,
                 },
             }
-            response = f"\0{self.options.username}\0{self.options.password}"
-            self.send_method(0, C.StartOk(client_properties=props, mechanism="PLAIN", response=response, locale="en_US"))
+            mechanisms = method.mechanisms.decode() if isinstance(method.mechanisms, bytes) else str(method.mechanisms or "")
+            refusal = self.login.not_offered(mechanisms.split())
+            if refusal is not None:
+                self.abort(refusal)
+                return
+            response = self.login.response()
+            self.send_method(0, C.StartOk(client_properties=props, mechanism=self.login.mechanism, response=response, locale="en_US"))
         elif isinstance(method, C.Tune):
             self.frame_max = min(method.frame_max or MAX_FRAME, MAX_FRAME)
             self.heartbeat = min(self.options.heartbeat, method.heartbeat) if method.heartbeat else self.options.heartbeat
@@ -156,10 +172,24 @@ class AmqpClient(asyncio.Protocol):
         elif isinstance(method, C.OpenOk):
             if not self._opened.done():
                 self._opened.set_result(None)
+            if self.login.token is not None:
+                self.renewal = Renewal(self.loop, self.options, self.login.token, self._update_secret, self.abort, self.client_name)
+                self.renewal.start()
         elif isinstance(method, C.Close):
             self.send_method(0, C.CloseOk())
             code = method.reply_code or 0
-            self._lost(reply_error(code, method.reply_text or "", method.class_id or 0, method.method_id or 0, on_connection=True))
+            reason: AmqpProtocolError = reply_error(
+                code, method.reply_text or "", method.class_id or 0, method.method_id or 0, on_connection=True
+            )
+            if code == 403 and not self._opened.done():
+                reason = self.login.refused(reason)
+            elif code in (403, 530) and self._secret_ok is not None and self.options.oauth2 is not None:
+                # RabbitMQ 4.3 answers a refused update-secret by closing the connection (530 "Secret update failed").
+                reason = TokenError(f"the broker refused the renewed OAuth 2 token from {self.options.oauth2.source} ({reason})")
+            self._lost(reason)
+        elif isinstance(method, C.UpdateSecretOk):
+            if self._secret_ok is not None and not self._secret_ok.done():
+                self._secret_ok.set_result(None)
         elif isinstance(method, C.CloseOk):
             self._lost(ConnectionLost("closed"))
         elif isinstance(method, C.Blocked):
@@ -181,6 +211,11 @@ class AmqpClient(asyncio.Protocol):
     def _lost(self, reason: AmqpProtocolError) -> None:
         if self._timer is not None:
             self._timer.cancel()
+        if self.renewal is not None:
+            self.renewal.cancel()
+        if self._secret_ok is not None and not self._secret_ok.done():
+            self._secret_ok.set_exception(reason)
+            self._secret_ok.exception()
         if not self._opened.done():
             self._opened.set_exception(reason)
             self._opened.exception()  # retrieved: connect() reports it
@@ -218,6 +253,19 @@ class AmqpClient(asyncio.Protocol):
         self.channels[number] = ch
         await ch.rpc(commands.Channel.Open())
         return ch
+
+    async def _update_secret(self, token: Token) -> None:
+        """Give the broker a renewed token (``Renewal``); it answers update-secret-ok, or closes the connection."""
+        self._secret_ok = self.loop.create_future()
+        try:
+            self.send_method(0, C.UpdateSecret(new_secret=token.value, reason="OAuth 2 token renewed"))
+            await asyncio.wait_for(asyncio.shield(self._secret_ok), self.options.connection_timeout)
+        except asyncio.TimeoutError:
+            err = ConnectionLost(f"no answer to connection.update-secret within connectionTimeout={self.options.connection_timeout:g}s")
+            self.abort(err)  # a broker that does not answer will not keep the connection past the token's expiry either
+            raise err from None
+        finally:
+            self._secret_ok = None
 
     async def close(self) -> None:
         if self.closed.done():

@@ -5,7 +5,7 @@ is one round: the endpoints in a fresh random order (``endpoints.ORDER``), each 
 when its turn comes, each address given ``connectionTimeout``. A transient failure (refused,
 reset, no answer, closed during the handshake, ``320 CONNECTION_FORCED`` from a node that is
 shutting down or draining) moves on to the next address at once; a permanent one (a refused login,
-a missing vhost, TLS, a peer that is not a broker) is the same on every node and ends the walk.
+a missing vhost, TLS (``tls.py``), a peer that is not a broker) is the same on every node and ends the walk.
 When every address failed, the round fails with each one's reason. The callers' own retry loops
 back off between rounds: there is no waiting here.
 """
@@ -22,8 +22,9 @@ from typing import Protocol, TypeVar, cast
 
 from .. import endpoints as endpoint_order
 from ..endpoints import Endpoint
-from ..errors import AllEndpointsFailed, AmqpOptionError, AmqpProtocolError, ConnectionLost, HandshakeFailed, is_transient
+from ..errors import AllEndpointsFailed, AmqpProtocolError, ConnectionLost, is_transient
 from ..options import ConnectionOptions
+from .tls import handshake_failure, tls_context
 
 __all__ = ["Failure", "open_within_timeout", "tls_context", "walk"]
 
@@ -45,27 +46,6 @@ class Failure:
     error: AmqpProtocolError  # what a uri of one address raises as it is
 
 
-def tls_context(options: ConnectionOptions) -> ssl.SSLContext | None:
-    tls = options.tls
-    if tls is None:
-        return None
-    try:
-        context = ssl.create_default_context(cafile=tls.ca_file)
-    except (OSError, ssl.SSLError) as err:
-        raise AmqpOptionError(f"option 'tls.caFile' ({tls.ca_file}): cannot load CA certificates: {err}") from None
-    context.check_hostname = tls.check_hostname
-    if not tls.check_hostname and tls.ca_file is None:
-        context.verify_mode = ssl.CERT_NONE  # no CA and no name check: encryption only, as asked
-    if tls.cert_file and tls.key_file:
-        try:
-            context.load_cert_chain(tls.cert_file, tls.key_file)
-        except (OSError, ssl.SSLError) as err:
-            raise AmqpOptionError(
-                f"options 'tls.certFile' ({tls.cert_file}) and 'tls.keyFile' ({tls.key_file}): cannot load the client certificate: {err}"
-            ) from None
-    return context
-
-
 async def open_within_timeout(options: ConnectionOptions, make: Callable[[], P], opened: Callable[[P], Awaitable[None]]) -> P:
     """A connection made by ``make`` and ready once ``opened`` returns, to the first endpoint that gives one.
 
@@ -78,7 +58,7 @@ async def open_within_timeout(options: ConnectionOptions, make: Callable[[], P],
         return await _resolve(endpoint, timeout)
 
     async def attempt(endpoint: Endpoint, address: str, where: str) -> P | Failure:
-        return await _open_one(endpoint, address, where, timeout, ctx, make, opened)
+        return await _open_one(endpoint, address, where, timeout, ctx, options, make, opened)
 
     return await walk(options.endpoints, resolve, attempt)
 
@@ -133,6 +113,7 @@ async def _open_one(
     where: str,
     timeout: float,
     ctx: ssl.SSLContext | None,
+    options: ConnectionOptions,
     make: Callable[[], P],
     opened: Callable[[P], Awaitable[None]],
 ) -> P | Failure:
@@ -145,8 +126,8 @@ async def _open_one(
 
     async def open_connection() -> None:
         protocol_factory = cast(Callable[[], asyncio.Protocol], factory)  # P is an asyncio.Protocol with abort()
-        # TLS checks the certificate against the host's name, not against the address it resolved to.
-        hostname = endpoint.host if ctx else None
+        # TLS checks the certificate against the host's name (or tls.serverName), not against the address it resolved to.
+        hostname = ((options.tls.server_name if options.tls else None) or endpoint.host) if ctx else None
         await loop.create_connection(protocol_factory, address, endpoint.port, ssl=ctx, server_hostname=hostname)
         await opened(made[0])
 
@@ -156,7 +137,7 @@ async def _open_one(
         reason = f"no answer within connectionTimeout={timeout:g}s"
         failure = Failure(where, reason, ConnectionLost(f"no answer from {where} within connectionTimeout={timeout:g}s"))
     except ssl.SSLError as tls_err:
-        error = _tls_failure(where, tls_err)
+        error = handshake_failure(where, tls_err, options.tls)
         failure = Failure(where, str(error), error)
     except AmqpProtocolError as protocol_err:
         failure = Failure(where, str(protocol_err), protocol_err)
@@ -181,12 +162,3 @@ def _os_reason(err: OSError) -> str:
     if err.errno:
         return os.strerror(err.errno).lower()
     return str(err) or type(err).__name__
-
-
-def _tls_failure(where: str, err: ssl.SSLError) -> HandshakeFailed:
-    if isinstance(err, ssl.SSLCertVerificationError):
-        return HandshakeFailed(
-            f"TLS: the certificate of {where} failed verification ({err.verify_message}); set 'tls.caFile' to the CA that "
-            "signed it, or tls.checkHostname=false if only the name differs"
-        )
-    return HandshakeFailed(f"TLS handshake with {where} failed ({err.reason or err}); is it a TLS port (amqps, usually 5671)?")

@@ -4,7 +4,9 @@ As ``spark_amqp.client.AmqpClient`` does for AMQP 0-9-1, the protocol object own
 socket: ``data_received`` cuts frames, answers go to the request waiting on their
 correlation id, chunks to their subscription's callback, confirms to their
 publisher's. Every way the connection ends is one exception on ``closed``; a refused
-request raises ``StreamResponseError`` with the broker's response code.
+request raises ``StreamResponseError`` with the broker's response code. A connection
+that logged in with an OAuth 2 token renews it before it expires, with a second
+``SaslAuthenticate`` (``client/login.py``).
 """
 
 from __future__ import annotations
@@ -15,8 +17,11 @@ import struct
 from collections.abc import Callable
 
 from ..client.connection import open_within_timeout, parse_version
-from ..errors import AmqpProtocolError, CallbackFailed, ConnectionLost, HandshakeFailed, StreamResponseError
+from ..client.login import Login, Renewal
+from ..client.tls import lost, peer
+from ..errors import AmqpProtocolError, CallbackFailed, ConnectionLost, HandshakeFailed, StreamResponseError, TokenError
 from ..options import ConnectionOptions
+from ..tokens import Token
 from .wire import OK, RESPONSE, Key, Reader, command, frame, map_, string, strings
 
 __all__ = ["OffsetSpec", "StreamClient"]
@@ -28,6 +33,10 @@ _SIZE = struct.Struct(">I")
 _HEAD = struct.Struct(">HH")
 _CORR = struct.Struct(">IH")
 _ID = struct.Struct(">Q")
+# What a token renewal's SaslAuthenticate is about (its refusal is the connection's end).
+RENEWAL = "OAuth 2 token renewal"
+# A refused login: authentication failure, and its loopback-only variant (guest from another host).
+_LOGIN_REFUSED = (0x08, 0x0B)
 
 
 class OffsetSpec:
@@ -52,10 +61,13 @@ ErrorHandler = Callable[[list[tuple[int, int]]], None]
 
 
 class StreamClient(asyncio.Protocol):
-    def __init__(self, loop: asyncio.AbstractEventLoop, options: ConnectionOptions, client_name: str) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, options: ConnectionOptions, client_name: str, login: Login | None = None) -> None:
         self.loop = loop
         self.options = options
         self.client_name = client_name
+        self.login = login or Login(options)
+        self.peer = "the broker"  # host:port once connected
+        self.renewal: Renewal | None = None  # with an OAuth 2 token: renews it while the connection is open
         self.transport: asyncio.Transport | None = None
         self.closed: asyncio.Future[AmqpProtocolError] = loop.create_future()
         self.server_properties: dict[str, str] = {}
@@ -80,7 +92,8 @@ class StreamClient(asyncio.Protocol):
         """Connect, authenticate, tune and open the vhost on the first endpoint that lets us (``connectionTimeout``
         each); nothing stays open on failure."""
         loop = asyncio.get_running_loop()
-        return await open_within_timeout(options, lambda: cls(loop, options, client_name), lambda c: c._handshake())
+        login = await Login.prepare(options)  # a token is fetched once for the whole walk over the endpoints
+        return await open_within_timeout(options, lambda: cls(loop, options, client_name, login), lambda c: c._handshake())
 
     async def _handshake(self) -> None:
         props = {"product": "spark-amqp", "connection_name": self.client_name}
@@ -88,24 +101,40 @@ class StreamClient(asyncio.Protocol):
         self.server_properties = reply.map()
         self.server_version = parse_version(self.server_properties.get("version"))
         mechanisms = (await self.request(Key.SASL_HANDSHAKE, b"", "SASL handshake")).strings()
-        if "PLAIN" not in mechanisms:
-            raise HandshakeFailed(f"the broker offers SASL {', '.join(mechanisms) or 'nothing'}, not PLAIN")
-        secret = f"\0{self.options.username}\0{self.options.password}".encode()
-        await self.request(Key.SASL_AUTHENTICATE, string("PLAIN") + _SIZE.pack(len(secret)) + secret, "login")
+        refusal = self.login.not_offered(mechanisms)
+        if refusal is not None:
+            raise refusal
+        try:
+            await self._authenticate(self.login.response(), "login")
+        except StreamResponseError as err:
+            raise (self.login.refused(err) if err.code in _LOGIN_REFUSED else err) from None
         await asyncio.shield(self._tuned)
         opened = await self.request(Key.OPEN, string(self.options.vhost), f"vhost '{self.options.vhost}'")
         # 3.11+ say which node this is, as its clients should reach it (stream.advertised_host/port).
         self.connection_properties = {} if opened.at_end else opened.map()
+        if self.login.token is not None:
+            self.renewal = Renewal(self.loop, self.options, self.login.token, self._reauthenticate, self.abort, self.client_name)
+            self.renewal.start()
+
+    async def _authenticate(self, response: str, about: str) -> None:
+        # EXTERNAL's response is empty: RabbitMQ takes an empty one (as the Java client sends) and a null one alike.
+        secret = response.encode("utf-8")
+        await self.request(Key.SASL_AUTHENTICATE, string(self.login.mechanism) + _SIZE.pack(len(secret)) + secret, about)
+
+    async def _reauthenticate(self, token: Token) -> None:
+        """Give the broker a renewed token (``Renewal``): a second PLAIN SaslAuthenticate, for the same user."""
+        await self._authenticate(self.login.response(token), RENEWAL)
 
     # -- asyncio.Protocol ---------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        self.peer = peer(transport)
         self._last_recv = self._last_sent = self.loop.time()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._lost(ConnectionLost(f"socket closed: {exc}" if exc else "socket closed by the broker"))
+        self._lost(lost(exc, self.peer, self.options.tls))
 
     def data_received(self, data: bytes) -> None:
         self._last_recv = self.loop.time()
@@ -190,6 +219,13 @@ class StreamClient(asyncio.Protocol):
             future.set_result(Reader(payload, 8))
         elif code == OK:
             future.set_result(Reader(payload, 10))
+        elif about == RENEWAL and self.options.oauth2 is not None:
+            # RabbitMQ answers a refused token late, then closes the socket: the refusal, not the close, ends the connection.
+            refused = TokenError(
+                f"the broker refused the renewed OAuth 2 token from {self.options.oauth2.source} ({StreamResponseError(code, about)})"
+            )
+            future.set_exception(refused)
+            self.abort(refused)
         else:
             future.set_exception(StreamResponseError(code, about))
 
@@ -207,6 +243,8 @@ class StreamClient(asyncio.Protocol):
     def _lost(self, reason: AmqpProtocolError) -> None:
         if self._timer is not None:
             self._timer.cancel()
+        if self.renewal is not None:
+            self.renewal.cancel()
         if not self._tuned.done():
             self._tuned.set_exception(reason)
             self._tuned.exception()
