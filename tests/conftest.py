@@ -12,13 +12,16 @@ which RabbitMQ line the broker of a test behaves as. Fault-injection tests take
 from __future__ import annotations
 
 import os
+import random
 import uuid
 from collections.abc import Iterator
 
 import pika
 import pytest
 
+from spark_amqp import endpoints
 from spark_amqp.broker import EmbeddedBroker
+from spark_amqp.endpoints import EndpointOrder
 
 from . import brokers
 
@@ -154,3 +157,16 @@ def spark():  # type: ignore[no-untyped-def]
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+class Listed(random.Random):
+    """A random source that leaves lists as they are."""
+
+    def shuffle(self, x: list[object]) -> None:  # type: ignore[override]
+        pass
+
+
+@pytest.fixture
+def listed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Endpoints tried in the order the uri lists them (each connection shuffles them otherwise)."""
+    monkeypatch.setattr(endpoints, "ORDER", EndpointOrder(Listed()))

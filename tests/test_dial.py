@@ -31,17 +31,6 @@ KNOWN = {k.lower(): k for k in ("uri", "password", "connectionTimeout", "tls.caF
 DEAD = "127.0.0.1:1"  # nothing listens on port 1: refused at once
 
 
-class Listed(random.Random):
-    def shuffle(self, x: list[object]) -> None:  # type: ignore[override]
-        pass
-
-
-@pytest.fixture
-def listed(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Endpoints tried in the order the uri lists them, so that the dead one is surely first."""
-    monkeypatch.setattr(endpoints, "ORDER", EndpointOrder(Listed()))
-
-
 @pytest.fixture
 def stream_url(amqp_url: str) -> str:
     """The stream-protocol url of the test's broker (the embedded one serves it too)."""

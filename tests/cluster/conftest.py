@@ -6,7 +6,6 @@ the test ends."""
 from __future__ import annotations
 
 import fcntl
-import random
 import subprocess
 import tempfile
 import threading
@@ -16,10 +15,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import pika
 import pytest
 
-from spark_amqp import endpoints
-from spark_amqp.endpoints import EndpointOrder
 from tests.brokers import CLUSTER_STREAM_URL, CLUSTER_URL, TOOLS
 
 
@@ -59,6 +57,18 @@ class Cluster:
             if n.name == name:
                 return n
         pytest.skip(f"node {name} of the cluster is not one tools/rabbitmq runs")
+
+    def delete(self, *queues: str) -> None:
+        """Delete ``queues`` through the first node that answers (a test may have stopped one)."""
+        for node in self.nodes:
+            try:
+                conn = pika.BlockingConnection(pika.URLParameters(f"amqp://guest:guest@127.0.0.1:{node.port}/%2F"))
+            except pika.exceptions.AMQPError:
+                continue
+            for queue in queues:
+                conn.channel().queue_delete(queue)
+            conn.close()
+            return
 
     @contextmanager
     def stopped(self, name: str) -> Iterator[float]:
@@ -140,14 +150,3 @@ def stream_url(cluster: Cluster) -> str:
     if cluster.stream_url is None:
         pytest.skip("AMQP_TEST_CLUSTER_STREAM_URL not set (tools/rabbitmq cluster-stream-url)")
     return cluster.stream_url
-
-
-class Listed(random.Random):
-    def shuffle(self, x: list[object]) -> None:  # type: ignore[override]
-        pass
-
-
-@pytest.fixture
-def listed(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Endpoints tried in the order the uri lists them."""
-    monkeypatch.setattr(endpoints, "ORDER", EndpointOrder(Listed()))

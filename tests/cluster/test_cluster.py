@@ -26,7 +26,8 @@ from spark_amqp.streams.planner import StreamPlanner
 from spark_amqp.streams.range_reader import read_range
 from spark_amqp.streams.ranges import StreamRange
 
-from .conftest import Cluster, Listed, hosts_of, with_hosts
+from ..conftest import Listed
+from .conftest import Cluster, hosts_of, with_hosts
 
 KNOWN = {k.lower(): k for k in ("uri", "password", "connectionTimeout")}
 DEAD = "127.0.0.1:1"
@@ -125,14 +126,7 @@ def stream_on_c2(cluster: Cluster) -> Iterator[str]:
         ch.basic_publish("", name, f"b{i}".encode())
     conn.close()
     yield name
-    for node in cluster.nodes:
-        try:
-            conn = pika.BlockingConnection(pika.URLParameters(f"amqp://guest:guest@127.0.0.1:{node.port}/%2F"))
-            conn.channel().queue_delete(name)
-            conn.close()
-            return
-        except pika.exceptions.AMQPError:
-            continue
+    cluster.delete(name)
 
 
 def test_stream_mode_reads_on_through_a_leader_failover(cluster: Cluster, stream_on_c2: str, caplog: pytest.LogCaptureFixture) -> None:

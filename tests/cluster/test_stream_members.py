@@ -39,23 +39,12 @@ def _declare(cluster: Cluster, on: str, name: str, size: int) -> None:
     conn.close()
 
 
-def _delete(cluster: Cluster, name: str) -> None:
-    for node in cluster.nodes:
-        try:
-            conn = pika.BlockingConnection(pika.URLParameters(f"amqp://guest:guest@127.0.0.1:{node.port}/%2F"))
-            conn.channel().queue_delete(name)
-            conn.close()
-            return
-        except pika.exceptions.AMQPError:
-            continue
-
-
 @pytest.fixture
 def stream_only_on_c1(cluster: Cluster, stream_url: str) -> Iterator[str]:
     name = f"members-{uuid.uuid4().hex[:8]}"
     _declare(cluster, "c1", name, 1)
     yield name
-    _delete(cluster, name)
+    cluster.delete(name)
 
 
 @pytest.fixture
@@ -63,7 +52,7 @@ def replicated_stream(cluster: Cluster, stream_url: str) -> Iterator[str]:
     name = f"members-{uuid.uuid4().hex[:8]}"
     _declare(cluster, "c1", name, 3)
     yield name
-    _delete(cluster, name)
+    cluster.delete(name)
 
 
 def _without(stream_url: str, cluster: Cluster, name: str) -> str:

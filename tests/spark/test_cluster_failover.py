@@ -64,18 +64,6 @@ def _preload(cluster: Cluster, queue: str, prefix: str) -> None:
     ch.connection.close()
 
 
-def _delete(cluster: Cluster, *queues: str) -> None:
-    for node in cluster.nodes:
-        try:
-            ch = _channel(cluster, node.name)
-            for q in queues:
-                ch.queue_delete(q)
-            ch.connection.close()
-            return
-        except pika.exceptions.AMQPError:
-            continue
-
-
 def _ids(spark, path: Path) -> list[str]:  # type: ignore[no-untyped-def]
     if not glob.glob(f"{path}/*.parquet"):
         return []
@@ -243,7 +231,7 @@ def test_queries_and_sinks_go_on_through_failovers_a_drain_and_a_rolling_restart
         got[props.message_id] += 1
     ch.connection.close()
     assert sorted(got) == sorted(f"k{i}" for i in range(N))  # at least once
-    _delete(cluster, q, s, solo, out_q, out_s)
+    cluster.delete(q, s, solo, out_q, out_s)
 
 
 @pytest.mark.skipif(PYSPARK_LINE < (4, 2), reason="the outage shows in the progress from PySpark 4.2 (reportLatestOffset)")
@@ -278,4 +266,4 @@ def test_one_node_in_the_uri_stopped_fails_the_query_after_broker_outage_timeout
     finally:
         query.stop()
         _tool("start", "c3")
-        _delete(cluster, q)
+        cluster.delete(q)
