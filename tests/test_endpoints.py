@@ -29,18 +29,6 @@ from spark_amqp.errors import (
 ENDPOINTS = tuple(Endpoint("127.0.0.1", port) for port in (5701, 5702, 5703))
 
 
-class Listed(random.Random):
-    """An order that keeps the list as written."""
-
-    def shuffle(self, x: list[object]) -> None:  # type: ignore[override]
-        pass
-
-
-@pytest.fixture
-def listed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(endpoints, "ORDER", EndpointOrder(Listed()))
-
-
 # -- the order -------------------------------------------------------------------------------------
 
 
