@@ -14,6 +14,8 @@ class Faults:
         self.alarm: str | None = None  # a memory or disk alarm: publishers blocked, their confirms held
         # The next so many basic.consume on a stream get RabbitMQ's 406 for a replica restarting after a failover.
         self.replica_down = 0
+        # The next so many stream-protocol declare_publisher get 0x06, as while RabbitMQ elects a stream's new leader.
+        self.leader_down = 0
 
     def take_publish_nack(self) -> bool:
         if self.nack_publishes > 0:
@@ -24,5 +26,11 @@ class Faults:
     def take_replica_down(self) -> bool:
         if self.replica_down > 0:
             self.replica_down -= 1
+            return True
+        return False
+
+    def take_leader_down(self) -> bool:
+        if self.leader_down > 0:
+            self.leader_down -= 1
             return True
         return False

@@ -367,6 +367,15 @@ class EmbeddedBroker:
 
         self.call(apply)
 
+    def refuse_stream_publishers(self, count: int) -> None:
+        """The next ``count`` stream-protocol publisher declarations get 0x06 "stream not available", as RabbitMQ
+        answers while it elects a new leader for the stream."""
+
+        def apply(s: BrokerServer) -> None:
+            s.faults.leader_down = count
+
+        self.call(apply)
+
     def refuse_connections(self, seconds: float) -> None:
         """New connections (either protocol) are accepted and closed at once for ``seconds``."""
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from .server import BrokerServer
     from .stream import StreamQueue
 
-STREAM_DOES_NOT_EXIST, PRECONDITION_FAILED, NO_PUBLISHER = 0x02, 0x11, 0x12
+STREAM_DOES_NOT_EXIST, STREAM_NOT_AVAILABLE, PRECONDITION_FAILED, NO_PUBLISHER = 0x02, 0x06, 0x11, 0x12
 MAX_PUBLISHERS = 255  # per connection
 MAX_REFERENCE = 255  # bytes
 _U64 = struct.Struct(">Q")
@@ -60,6 +60,8 @@ class StreamPublishers:
             queue = self._leader(name)
             if queue is None:
                 code = STREAM_DOES_NOT_EXIST
+            elif self.server.faults.take_leader_down():
+                code = STREAM_NOT_AVAILABLE
             else:
                 self.publishers[pub_id] = Publisher(pub_id, queue, reference or None)
         self.write(response(Key.DECLARE_PUBLISHER, correlation, code))

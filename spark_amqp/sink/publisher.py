@@ -5,7 +5,10 @@ Confirms are processed as they arrive (the socket's reader calls back into
 the end until every message it sent is confirmed. Anything but a broker ack for
 every message — a nack, a basic.return, a closed channel or connection, or no
 progress for ``confirmTimeout`` — fails the partition with an
-``AmqpPublishError`` that says how many messages and why.
+``AmqpPublishError`` that says how many messages and why. Before the first message a transient
+failure (no node answers, a node restarting, a queue's leader being elected) is waited out with
+backoff for up to ``brokerOutageTimeout``: nothing has been published, so trying again is safe, and
+failing at once would spend Spark's few task attempts within a second of a failover.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ from typing import Any
 from pamqp import commands
 
 from .. import framing
+from ..backoff import Backoff
 from ..client import AmqpClient, ClientChannel
 from ..errors import AmqpProtocolError, AmqpPublishError, AmqpReplyError, explain, is_transient
 from ..options import SinkOptions
+from ..outage import Outage
 from .columns import Outgoing
 
 log = logging.getLogger("spark_amqp.sink")
@@ -125,13 +130,10 @@ class PartitionPublisher:
         """Publish every message; ``on_connect`` learns of the connection (and may ask the broker) before the
         first batch is built."""
         opts = self.options
-        client = await _connect(opts, description)
+        client, channel = await self._ready(description, on_connect)
         window = ConfirmWindow(opts.max_in_flight)
         failed: asyncio.Future[BaseException] | None = None
         try:
-            if on_connect is not None:
-                await on_connect(client)
-            channel = await self._open_channel(client)
             channel.on_confirm = window.on_confirm
             channel.on_return = window.on_return
             failed = asyncio.ensure_future(_first_failure(client, channel))
@@ -159,6 +161,43 @@ class PartitionPublisher:
             if failed is not None:
                 failed.cancel()
             await client.close()
+
+    async def _ready(
+        self, description: str, on_connect: Callable[[AmqpClient], Awaitable[None]] | None
+    ) -> tuple[AmqpClient, ClientChannel]:
+        """A connection and a confirm channel, a transient failure waited out up to brokerOutageTimeout."""
+        opts = self.options
+        backoff = Backoff()
+        outage = Outage(opts.connection.outage_timeout, opts.connection.display_uri)
+        while True:
+            client: AmqpClient | None = None
+            try:
+                client = await _connect(opts, description)
+                if on_connect is not None:
+                    await on_connect(client)
+                return client, await self._open_channel(client)
+            except AmqpPublishError as err:
+                if client is not None:
+                    await client.close()
+                cause = err.__cause__
+                if cause is None or not is_transient(cause):
+                    raise
+                outage.failed(cause)
+                delay = backoff.next()
+                if outage.seconds() + delay > outage.timeout:
+                    raise AmqpPublishError(
+                        f"{err} (still, after {outage.failures} attempts over {outage.seconds():.0f}s: "
+                        f"brokerOutageTimeout={outage.timeout:g}s); nothing was published"
+                    ) from cause
+                log.warning(
+                    "AMQP sink: %s; trying again in %.1fs (attempt %d, nothing published yet; %.0fs of brokerOutageTimeout=%gs)",
+                    err,
+                    delay,
+                    backoff.failures,
+                    outage.seconds(),
+                    outage.timeout,
+                )
+                await asyncio.sleep(delay)
 
     async def _open_channel(self, client: AmqpClient) -> ClientChannel:
         """A channel in confirm mode, after any declarations asked for; a refusal names what was refused."""

@@ -2,14 +2,17 @@
 
 Each message is kept until the broker confirms it (at most ``maxInFlight`` messages and
 ``MAX_IN_FLIGHT_BYTES`` at a time). A failure the broker may get over — the connection dropped,
-the stream's leader moved (a metadata update, "stream not available") — is met, with
-deduplication on, by connecting again and publishing every unconfirmed message again under the
-same producer name and ids: the broker stores those it had not stored and confirms the others
-without storing them again. Nothing is lost that way because one connection sends a stream its
-ids in increasing order, so the broker never holds an id above one it did not store. Up to
-``MAX_RECONNECTS`` times in a row without a confirm in between; then, and for any other failure,
-the task fails with an ``AmqpPublishError`` naming the stream, the response code and the counts.
-Without deduplication nothing is published again here: the task fails and Spark retries it.
+the stream's leader moved (a metadata update, "stream not available" while a new leader is
+elected) — is met by connecting again: before anything is published, always; after, with
+deduplication on, publishing every unconfirmed message again under the same producer name and
+ids: the broker stores those it had not stored and confirms the others without storing them
+again. Nothing is lost that way because one connection sends a stream its ids in increasing
+order, so the broker never holds an id above one it did not store. This goes on, with backoff,
+until ``brokerOutageTimeout`` has passed without a confirm (a failover takes seconds; the task
+must not fail at once, or Spark's few quick retries fail the query with it); then, and for any
+other failure, the task fails with an ``AmqpPublishError`` naming the stream, the response code
+and the counts. Without deduplication nothing published is published again here: the task fails
+and Spark retries it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import pyarrow as pa
 from ..backoff import Backoff
 from ..errors import AmqpProtocolError, AmqpPublishError, StreamResponseError, explain, is_transient
 from ..options import SinkOptions
+from ..outage import Outage
 from ..stream_protocol.client import StreamClient
 from ..stream_protocol.topology import connect_to_leader
 from ..streams.partitions import MAX_PARTITIONS
@@ -30,12 +34,11 @@ from .producers import Producer
 from .publisher import PublishResult, retry_hint
 from .stream_messages import MESSAGE_OVERHEAD, StreamMessage, StreamMessageBuilder
 
-__all__ = ["MAX_IN_FLIGHT_BYTES", "MAX_RECONNECTS", "StreamPartitionPublisher"]
+__all__ = ["MAX_IN_FLIGHT_BYTES", "StreamPartitionPublisher"]
 
 log = logging.getLogger("spark_amqp.sink")
 
 MAX_IN_FLIGHT_BYTES = 64 << 20  # unconfirmed messages are kept to publish again: bound their memory too
-MAX_RECONNECTS = 5
 MAX_PUBLISHERS = 256  # a publisher id is one byte: one per partition stream on the task's connection
 _FRAME_HEAD = 13  # size, key, version, publisher id, count
 _NOT_FOUND = 0x02
@@ -71,6 +74,7 @@ class StreamPartitionPublisher:
         """Publish every row; return once the broker has confirmed every message."""
         messages: Iterator[StreamMessage] = (m for batch in batches for m in self.builder.stream_messages(batch))
         backoff = Backoff()
+        outage = Outage(self.options.connection.outage_timeout, self.options.connection.display_uri)
         while True:
             confirmed_before = self.confirmed
             try:
@@ -84,18 +88,21 @@ class StreamPartitionPublisher:
             except _Failed as failed:
                 if self.confirmed > confirmed_before:
                     backoff.reset()
-                if not self._may_retry(failed, backoff.failures):
-                    raise self._error(failed) from failed.reason
+                    outage.recovered()
+                outage.failed(failed.reason)
                 delay = backoff.next()
+                if not self._may_retry(failed, outage, delay):
+                    raise self._error(failed, outage) from failed.reason
                 log.warning(
-                    "stream sink %s: %s; connecting again in %.1fs to publish the %d unconfirmed message(s) again (attempt %d "
-                    "of %d; the broker drops those it already stored)",
+                    "stream sink %s: %s; connecting again in %.1fs to publish the %d unconfirmed message(s) (attempt %d; "
+                    "the broker drops those it already stored; no confirm for %.0fs of brokerOutageTimeout=%gs)",
                     self.producer.description,
                     failed.reason,
                     delay,
                     self.published - self.confirmed,
                     backoff.failures,
-                    MAX_RECONNECTS,
+                    outage.seconds(),
+                    outage.timeout,
                 )
                 await asyncio.sleep(delay)
             finally:
@@ -275,23 +282,25 @@ class StreamPartitionPublisher:
 
     # -- errors ----------------------------------------------------------------------------------------------
 
-    def _may_retry(self, failed: _Failed, failures: int) -> bool:
-        return self.producer.name is not None and self.published > 0 and is_transient(failed.reason) and failures < MAX_RECONNECTS
+    def _may_retry(self, failed: _Failed, outage: Outage, delay: float) -> bool:
+        """Transient, safe to repeat (nothing published yet, or deduplication drops what was stored), and the
+        next attempt comes within brokerOutageTimeout of the last confirm."""
+        safe = self.producer.name is not None or not self.published
+        return safe and is_transient(failed.reason) and outage.seconds() + delay <= outage.timeout
 
-    def _error(self, failed: _Failed) -> AmqpPublishError:
+    def _error(self, failed: _Failed, outage: Outage) -> AmqpPublishError:
         c = self.options.connection
         subject = f"stream '{failed.stream}'" if failed.stream else self.options.target
         unconfirmed = self.published - self.confirmed
+        waited = ""
+        if is_transient(failed.reason) and outage.failures > 1:
+            waited = f" (still, after {outage.failures} attempts over {outage.seconds():.0f}s: brokerOutageTimeout={outage.timeout:g}s)"
         if not self.published:
             said = explain(failed.reason, c.display_uri, c.username, c.vhost, subject)
-            return AmqpPublishError(f"{said}; nothing was published; {retry_hint(failed.reason)}")
-        if self.producer.name is not None and is_transient(failed.reason):
-            why = f"gave up after {MAX_RECONNECTS} reconnects without a confirm in between; the task fails so that Spark retries it"
-        else:
-            why = retry_hint(failed.reason)
+            return AmqpPublishError(f"{said}{waited}; nothing was published; {retry_hint(failed.reason)}")
         return AmqpPublishError(
             f"{unconfirmed} of {self.published} messages published to {subject} on {c.display_uri} are not confirmed "
-            f"({self.confirmed} confirmed): {failed.reason}; {why}"
+            f"({self.confirmed} confirmed): {failed.reason}{waited}; {retry_hint(failed.reason)}"
         )
 
     def _timeout(self) -> AmqpPublishError:

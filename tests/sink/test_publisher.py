@@ -89,6 +89,31 @@ def test_wrong_password_and_missing_vhost_fail_at_once_and_say_so(amqp_url: str)
     assert time.monotonic() - began < 10
 
 
+def test_a_broker_refusing_connections_for_a_while_is_waited_out_before_the_first_message(embedded: EmbeddedBroker) -> None:
+    # A node restarting under a one-node uri (or every node at once): failing at once would spend Spark's
+    # task attempts within a second; nothing is published yet, so trying again publishes nothing twice.
+    _declare(embedded.url, "q")
+    embedded.refuse_connections(1.5)
+    result = _publish(embedded.url, {"body": [b"m%d" % i for i in range(20)]}, routingKey="q", connectionTimeout="2")
+    assert (result.published, result.confirmed) == (20, 20)
+    conn = connect(embedded.url)
+    assert [body for _, _, body in drain(conn.channel(), "q")] == [b"m%d" % i for i in range(20)]
+    conn.close()
+
+
+def test_a_broker_gone_for_broker_outage_timeout_fails_naming_it(embedded: EmbeddedBroker) -> None:
+    import time
+
+    embedded.refuse_connections(3600)
+    began = time.monotonic()
+    with pytest.raises(AmqpPublishError) as info:
+        _publish(embedded.url, {"body": [b"x"]}, routingKey="q", brokerOutageTimeout="2s", connectionTimeout="2")
+    took = time.monotonic() - began
+    text = str(info.value)
+    assert "brokerOutageTimeout=2s" in text and "nothing was published" in text and "guest:" not in text, text
+    assert 1.0 <= took < 15, took
+
+
 def test_inequivalent_declare_queue_is_refused_before_publishing(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
     q = names.queue()
     _declare(amqp_url, q, durable=False)
