@@ -28,7 +28,7 @@ from ..errors import AmqpProtocolError, AmqpPublishError, StreamResponseError, e
 from ..options import SinkOptions
 from ..outage import Outage
 from ..stream_protocol.client import StreamClient
-from ..stream_protocol.topology import connect_to_leader
+from ..stream_protocol.topology import connect_to_leader, connect_to_leaders
 from ..streams.partitions import MAX_PARTITIONS
 from .producers import Producer
 from .publisher import PublishResult, retry_hint
@@ -64,7 +64,8 @@ class StreamPartitionPublisher:
         self.in_flight_bytes = 0
         self._progress = asyncio.Event()
         self._failure: _Failed | None = None
-        self._client: StreamClient | None = None
+        self._client: StreamClient | None = None  # the first connection: what the messages depend on is learned there
+        self._via: list[StreamClient] = []  # per target, the connection it is published on
         self._buffers: dict[int, list[StreamMessage]] = {}
         self._buffer_sizes: dict[int, int] = {}  # the bytes of each buffer's frame so far
         self._buffered = 0
@@ -120,21 +121,28 @@ class StreamPartitionPublisher:
         try:
             if opts.stream is not None:  # one stream: publish on its leader's node (much faster than forwarded)
                 client = await connect_to_leader(opts.connection, opts.stream, name)
-            else:  # a super stream's partitions lead on several nodes: one connection through any of them
+            else:  # a super stream's partitions lead on several nodes: a connection to each leader, found below
                 client = await StreamClient.connect(opts.connection, name)
         except AmqpProtocolError as err:
             raise _Failed(err) from None
         self._client = client
-        client.on_metadata_update = self._on_metadata_update
+        self._via = [client]
         if not self._learned:  # what the messages depend on: the broker's line and frame size, the partitions
             self.builder.met_stream_broker(client.server_version, client.frame_max)
             if opts.super_stream is not None:
                 self.builder.route_to(await self._partitions(client, opts.super_stream))
             self.pending = [{} for _ in self.builder.targets]
             self._learned = True
+        if opts.super_stream is not None:
+            try:
+                self._via = await connect_to_leaders(client, self.builder.targets)
+            except AmqpProtocolError as err:
+                raise _Failed(err, opts.super_stream) from None
+        for connection in self._connections():
+            connection.on_metadata_update = self._on_metadata_update
         for target, stream in enumerate(self.builder.targets):
             try:
-                await client.declare_publisher(
+                await self._via[target].declare_publisher(
                     target,
                     self.producer.name or "",
                     stream,
@@ -143,6 +151,10 @@ class StreamPartitionPublisher:
                 )
             except AmqpProtocolError as err:
                 raise _Failed(err, stream) from None
+
+    def _connections(self) -> list[StreamClient]:
+        """Every connection this partition publishes on (one per leader node), each once."""
+        return list(dict.fromkeys(self._via))
 
     async def _partitions(self, client: StreamClient, super_stream: str) -> tuple[str, ...]:
         """``<name>-0``, ``<name>-1``, … up to the first that does not exist: as the AMQP sink finds them."""
@@ -173,8 +185,9 @@ class StreamPartitionPublisher:
         return tuple(found)
 
     async def _close(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
+        clients = self._connections() if self._via else ([self._client] if self._client is not None else [])
+        self._client, self._via = None, []
+        for client in clients:
             await client.close()
 
     # -- sending ------------------------------------------------------------------------------
@@ -208,8 +221,7 @@ class StreamPartitionPublisher:
         if message.filter_value is not None:
             size += len(message.filter_value.encode("utf-8"))
         buffer = self._buffers.setdefault(target, [])
-        assert self._client is not None
-        if buffer and _FRAME_HEAD + self._buffer_sizes[target] + size > self._client.frame_max:
+        if buffer and _FRAME_HEAD + self._buffer_sizes[target] + size > self._via[target].frame_max:
             self._write(target, buffer)
             buffer = self._buffers[target] = []
             self._buffer_sizes[target] = 0
@@ -229,8 +241,7 @@ class StreamPartitionPublisher:
             raise self._failure
 
     def _write(self, target: int, messages: list[StreamMessage]) -> None:
-        client = self._client
-        assert client is not None
+        client = self._via[target]
         if client.closed.done():
             raise _Failed(client.closed.result())
         if any(m.filter_value is not None for m in messages):
@@ -240,21 +251,21 @@ class StreamPartitionPublisher:
 
     async def _wait(self, done: Callable[[], bool]) -> None:
         """Until ``done()`` holds, a failure, or ``confirmTimeout`` without a confirm."""
-        client = self._client
-        assert client is not None
+        clients = self._connections()
         while not done():
             if self._failure is not None:
                 raise self._failure
             self._progress.clear()
             before = self.confirmed
             progress: asyncio.Future[object] = asyncio.ensure_future(self._progress.wait())
-            closed: asyncio.Future[object] = client.closed  # type: ignore[assignment]
+            closed: list[asyncio.Future[object]] = [c.closed for c in clients]  # type: ignore[misc]
             try:
-                await asyncio.wait([progress, closed], timeout=self.options.confirm_timeout, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait([progress, *closed], timeout=self.options.confirm_timeout, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 progress.cancel()
-            if client.closed.done() and self._failure is None:
-                self._failure = _Failed(client.closed.result())
+            lost = next((c for c in clients if c.closed.done()), None)
+            if lost is not None and self._failure is None:
+                self._failure = _Failed(lost.closed.result())
             if self._failure is None and self.confirmed == before and not done():
                 raise self._timeout()
 

@@ -12,9 +12,14 @@ import uuid
 from collections.abc import Iterator
 
 import pika
+import pyarrow as pa
 import pytest
 
-from spark_amqp.options import ConnectionOptions
+from spark_amqp.options import ConnectionOptions, parse_sink_options
+from spark_amqp.sink.producers import producer_for
+from spark_amqp.sink.routing import partition_of
+from spark_amqp.sink.stream_publisher import StreamPartitionPublisher
+from spark_amqp.stream_protocol.client import StreamClient
 from spark_amqp.stream_protocol.topology import connect_to_leader, connect_to_member, members, node_of
 from spark_amqp.streams.options import parse_stream_options
 from spark_amqp.streams.planner import StreamPlanner
@@ -138,6 +143,17 @@ def test_behind_a_load_balancer_readers_connect_through_the_uri_until_they_reach
     loadBalancer=true a reader reconnects through it until it is on c1, never at c1's advertised address; through
     a 'balancer' that never forwards to c1, it says so."""
     assert _offsets(stream_url, stream_only_on_c1, loadBalancer="true") == list(range(MESSAGES))
+
+    async def reached() -> set[int | None]:  # a connection lands on c1 one time in 3: never give up too soon
+        opts = parse_stream_options({"uri": stream_url, "stream": stream_only_on_c1, "loadBalancer": "true"}).connection
+        ports = set()
+        for _ in range(30):  # with 5 tries per member, 30 readers all reached c1 with odds of 1.5% ((1 - (2/3)^5)^30)
+            client = await connect_to_member(opts, stream_only_on_c1, "spark-amqp test members")
+            ports.add(None if node_of(client) is None else node_of(client).port)  # type: ignore[union-attr]
+            await client.close()
+        return ports
+
+    assert asyncio.run(reached()) == {cluster.node("c1").stream_port}
     opts = parse_stream_options({"uri": _without(stream_url, cluster, "c1"), "stream": stream_only_on_c1, "loadBalancer": "true"})
     with pytest.raises(Exception, match=r"reached none of the nodes that hold it"):
         asyncio.run(connect_to_member(opts.connection, stream_only_on_c1, "spark-amqp test members"))
@@ -162,3 +178,44 @@ def test_a_publisher_goes_to_the_streams_leader(cluster: Cluster, stream_url: st
     leader_port = cluster.node("c1").stream_port  # declared there, client-local
     assert asyncio.run(main({})) == {leader_port}
     assert asyncio.run(main({"loadBalancer": "true"})) == {leader_port}
+
+
+def test_a_super_stream_is_published_on_each_partitions_leader(cluster: Cluster, stream_url: str) -> None:
+    """A super stream's partitions lead on several nodes: the sink opens one connection per leader node (through
+    one node, two thirds of the partitions would be forwarded), and behind a load balancer publishes through one."""
+    name = f"members-super-{uuid.uuid4().hex[:8]}"
+    partitions = [f"{name}-{i}" for i in range(3)]
+    for node, partition in zip(("c1", "c2", "c3"), partitions, strict=True):
+        _declare(cluster, node, partition, 3)
+    used: list[list[int | None]] = []
+    original = StreamPartitionPublisher._connections
+
+    def connections(self: StreamPartitionPublisher) -> list[StreamClient]:
+        if len(self._via) == 3:
+            used.append([None if node_of(c) is None else node_of(c).port for c in self._via])  # type: ignore[union-attr]
+        return original(self)
+
+    keys = [f"k{i}" for i in range(300)]
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(StreamPartitionPublisher, "_connections", connections)
+            for extra in ({}, {"loadBalancer": "true"}):
+                opts = parse_sink_options({"uri": stream_url, "superStream": name, **extra})
+                table = pa.RecordBatch.from_pydict({"body": [k.encode() for k in keys], "partition_key": keys})
+                done = asyncio.run(StreamPartitionPublisher(opts, producer_for(f"q-{uuid.uuid4().hex}", 0, 0)).publish([table]))
+                assert done.confirmed == len(keys)
+        leaders = [cluster.node(n).stream_port for n in ("c1", "c2", "c3")]
+        assert used[0] == leaders, used
+        assert len(set(used[-1])) == 1, used  # load balancer mode: one connection
+        for i, partition in enumerate(partitions):
+            want = [k for k in keys if partition_of(k, 3) == i]
+            got = [
+                o
+                for b in read_range(
+                    parse_stream_options({"uri": stream_url, "stream": partition}), StreamRange(partition, 0, MESSAGES + 2 * len(want))
+                )
+                for o in b.column("body").to_pylist()
+            ]
+            assert got[MESSAGES:] == [k.encode() for k in want * 2], partition  # each run wrote its rows once
+    finally:
+        cluster.delete(*partitions)
