@@ -138,6 +138,9 @@ class StreamPartitionPublisher:
                 self._via = await connect_to_leaders(client, self.builder.targets)
             except AmqpProtocolError as err:
                 raise _Failed(err, opts.super_stream) from None
+            if client not in self._via:  # it leads none of the partitions
+                self._client = self._via[0]
+                await client.close()
         for connection in self._connections():
             connection.on_metadata_update = self._on_metadata_update
         for target, stream in enumerate(self.builder.targets):
@@ -185,7 +188,7 @@ class StreamPartitionPublisher:
         return tuple(found)
 
     async def _close(self) -> None:
-        clients = self._connections() if self._via else ([self._client] if self._client is not None else [])
+        clients = list(dict.fromkeys(c for c in (self._client, *self._via) if c is not None))
         self._client, self._via = None, []
         for client in clients:
             await client.close()

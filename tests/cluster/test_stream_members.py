@@ -219,3 +219,28 @@ def test_a_super_stream_is_published_on_each_partitions_leader(cluster: Cluster,
             assert got[MESSAGES:] == [k.encode() for k in want * 2], partition  # each run wrote its rows once
     finally:
         cluster.delete(*partitions)
+
+
+def test_a_super_stream_led_elsewhere_leaves_no_connection_open(cluster: Cluster, stream_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first connection learns the partitions; when it leads none of them it is closed at once, and every
+    connection is closed when the partition is written."""
+    name = f"members-super-{uuid.uuid4().hex[:8]}"
+    _declare(cluster, "c1", f"{name}-0", 3)
+    made: list[StreamClient] = []
+    original = StreamClient.connect.__func__  # type: ignore[attr-defined]
+
+    async def connect(cls: type[StreamClient], *args: object) -> StreamClient:
+        client = await original(cls, *args)
+        made.append(client)
+        return client
+
+    monkeypatch.setattr(StreamClient, "connect", classmethod(connect))
+    try:
+        opts = parse_sink_options({"uri": _without(stream_url, cluster, "c1"), "superStream": name})
+        table = pa.RecordBatch.from_pydict({"body": [b"x"] * 50, "partition_key": ["k"] * 50})
+        done = asyncio.run(StreamPartitionPublisher(opts, producer_for(f"q-{uuid.uuid4().hex}", 0, 0)).publish([table]))
+        assert done.confirmed == 50
+        assert node_of(made[-1]).port == cluster.node("c1").stream_port  # type: ignore[union-attr]
+        assert len(made) == 2 and all(c.closed.done() for c in made), made
+    finally:
+        cluster.delete(f"{name}-0")
