@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
 import socket
 import ssl
-import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,39 +14,11 @@ import pytest
 from spark_amqp.client import AmqpClient
 from spark_amqp.errors import AmqpOptionError, ConnectionLost, HandshakeFailed, is_transient
 from spark_amqp.queues.options import parse_source_options
+from tests.fake_servers import SilentServer, self_signed
 
 
 def _options(uri: str, **extra: str):  # type: ignore[no-untyped-def]
     return parse_source_options({"uri": uri, "queue": "q", **extra}).connection
-
-
-class SilentServer:
-    """Accepts TCP connections and never answers; records when each client closes its socket."""
-
-    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.tls = tls
-        self.closed_by_client = threading.Event()
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        conn, _ = self.sock.accept()
-        if self.tls is not None:
-            try:
-                conn = self.tls.wrap_socket(conn, server_side=True)
-            except (ssl.SSLError, OSError):
-                return
-        conn.settimeout(30)
-        try:
-            while conn.recv(1024):
-                pass
-            self.closed_by_client.set()  # EOF: the client closed its end
-        except OSError:
-            self.closed_by_client.set()
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def test_a_silent_broker_times_out_and_the_socket_is_closed() -> None:
@@ -74,37 +43,12 @@ def test_connection_refused_is_transient() -> None:
 
 
 @pytest.fixture(scope="module")
-def self_signed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is needed to make a test certificate")
-    d = tmp_path_factory.mktemp("tls")
-    cert, key = d / "cert.pem", d / "key.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=not-this-host",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
-    yield cert, key
+def not_this_host(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return self_signed(tmp_path_factory.mktemp("tls"), "not-this-host")
 
 
-def test_an_untrusted_certificate_is_a_permanent_handshake_failure(self_signed: tuple[Path, Path]) -> None:
-    cert, key = self_signed
+def test_an_untrusted_certificate_is_a_permanent_handshake_failure(not_this_host: tuple[Path, Path]) -> None:
+    cert, key = not_this_host
     tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     tls.load_cert_chain(cert, key)
     server = SilentServer(tls)

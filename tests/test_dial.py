@@ -6,13 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import random
-import shutil
 import socket
 import ssl
-import subprocess
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +22,7 @@ from spark_amqp.option_reader import OptionReader
 from spark_amqp.options import ConnectionOptions, parse_connection
 from spark_amqp.stream_protocol.client import StreamClient
 from tests import brokers
+from tests.fake_servers import Listener, SilentServer, self_signed
 
 KNOWN = {k.lower(): k for k in ("uri", "password", "connectionTimeout", "tls.caFile")}
 DEAD = "127.0.0.1:1"  # nothing listens on port 1: refused at once
@@ -66,74 +63,29 @@ def timed_connect(opts: ConnectionOptions, client: Any = AmqpClient) -> float:
     return float(asyncio.run(main()))
 
 
-class SilentServer:
-    """Accepts connections and never answers (a node that is hung, or behind a firewall that drops)."""
-
-    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.tls = tls
-        self.names: list[str | None] = []  # the TLS server name each client asked for
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._hold, args=(conn,), daemon=True).start()
-
-    def _hold(self, conn: socket.socket) -> None:
-        try:
-            if self.tls is not None:
-                self.tls.sni_callback = lambda _sock, name, _ctx: self.names.append(name)  # type: ignore[assignment,misc]
-                conn = self.tls.wrap_socket(conn, server_side=True)
-            conn.settimeout(30)
-            while conn.recv(1024):
-                pass
-        except (OSError, ssl.SSLError):
-            pass
-        finally:
-            conn.close()
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-class ClosingServer:
+class ClosingServer(Listener):
     """A node that is shutting down: answers the protocol header with ``connection.close`` 320, as RabbitMQ
     does to clients that come while it stops or is drained."""
 
     def __init__(self) -> None:
         from pamqp import commands, frame
 
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
         reason = "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'"
         close = commands.Connection.Close(reply_code=320, reply_text=reason, class_id=0, method_id=0)
         self.frame = frame.marshal(close, 0)
         self.served = 0
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__()
 
-    def _serve(self) -> None:
-        while True:
+    def accepted(self, conn: socket.socket) -> None:
+        with conn:
+            conn.recv(8)
+            conn.sendall(self.frame)
+            self.served += 1
+            conn.settimeout(5)
             try:
-                conn, _ = self.sock.accept()
+                conn.recv(1024)  # close-ok
             except OSError:
-                return
-            with conn:
-                conn.recv(8)
-                conn.sendall(self.frame)
-                self.served += 1
-                conn.settimeout(5)
-                try:
-                    conn.recv(1024)  # close-ok
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        self.sock.close()
+                pass
 
 
 # -- AMQP 0-9-1 ---------------------------------------------------------------------------------------
@@ -263,21 +215,8 @@ def test_stream_protocol_a_refused_login_ends_the_walk(stream_url: str, listed: 
 
 
 @pytest.fixture(scope="module")
-def localhost_cert(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is needed to make a test certificate")
-    d = tmp_path_factory.mktemp("tls")
-    cert, key = d / "cert.pem", d / "key.pem"
-    subprocess.run(
-        [
-            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost"),
-            *("-addext", "subjectAltName=DNS:localhost", "-keyout", str(key), "-out", str(cert)),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
-    yield cert, key
+def localhost_cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return self_signed(tmp_path_factory.mktemp("tls"), "localhost", alt_name="localhost")
 
 
 def test_tls_checks_the_certificate_against_the_host_name_not_its_address(localhost_cert: tuple[Path, Path], listed: None) -> None:
