@@ -28,7 +28,8 @@ from spark_amqp.sink.stream_publisher import StreamPartitionPublisher
 from spark_amqp.stream_protocol.client import StreamClient
 
 
-async def _declare(url: str, names: list[str], delete: bool = False) -> None:
+async def _partition_streams(url: str, names: list[str], delete: bool = False) -> None:
+    """Creates (or deletes) each stream through another node of the uri: created there, it is led there."""
     opts = parse_sink_options({"uri": url, "superStream": "x"}).connection
     hosts = opts.endpoints
     for i, name in enumerate(names):
@@ -67,7 +68,7 @@ def main() -> None:
     assert len(parse_sink_options({"uri": args.stream_url, "superStream": "x"}).connection.endpoints) > 1, "list every node in --stream-url"
     name = f"bench-super-{uuid.uuid4().hex[:8]}"
     partitions = [f"{name}-{i}" for i in range(args.partitions)]
-    asyncio.run(_declare(args.stream_url, partitions))
+    asyncio.run(_partition_streams(args.stream_url, partitions))
     leaders: list[float] = []
     one: list[float] = []
     try:
@@ -76,7 +77,7 @@ def main() -> None:
             one.append(_rate(args.stream_url, name, args.rows, loadBalancer="true"))
             print(f"round {r + 1}: a connection per leader {leaders[-1]:,.0f} msg/s, one connection {one[-1]:,.0f} msg/s")
     finally:
-        asyncio.run(_declare(args.stream_url, partitions, delete=True))
+        asyncio.run(_partition_streams(args.stream_url, partitions, delete=True))
     lead, single = statistics.mean(leaders), statistics.mean(one)
     print(f"\n{args.rows:,} rows x 200 B into {args.partitions} partitions, {args.rounds} rounds (means):")
     print(f"  a connection per partition leader (the sink) {lead:,.0f} msg/s = {lead / single:.2f}x")

@@ -57,6 +57,14 @@ class Outage:
             return 0.0
         return (time.monotonic() if now is None else now) - self.since
 
+    def allows(self, delay: float, now: float | None = None) -> bool:
+        """Whether one more attempt after ``delay`` still comes within the timeout (else give up now, not after)."""
+        return self.seconds(now) + delay <= self.timeout
+
+    def waited(self, now: float | None = None) -> str:
+        """How long the caller tried before it gave up, for its error."""
+        return f"still, after {self.failures} attempts over {self.seconds(now):.0f}s: brokerOutageTimeout={self.timeout:g}s"
+
     def check(self, now: float | None = None) -> None:
         """Raise ``BrokerOutage`` once the outage has lasted ``timeout`` seconds."""
         if self.since is not None and self.seconds(now) >= self.timeout:

@@ -43,3 +43,11 @@ def test_the_progress_report_says_since_when_and_why() -> None:
     assert report is not None
     assert report["seconds"] == 42 and report["attempts"] == 1 and report["lastError"] == "socket closed by the broker"
     assert report["since"].endswith("+00:00")
+
+
+def test_a_retry_loop_gives_up_before_a_delay_that_would_pass_the_timeout_and_says_how_long_it_tried() -> None:
+    o = Outage(2.0, WHERE)
+    o.failed(ConnectionLost("stream not available (0x06)"), now=0.0)
+    o.failed(ConnectionLost("stream not available (0x06)"), now=1.4)
+    assert o.allows(0.6, now=1.4) and not o.allows(0.61, now=1.4)
+    assert o.waited(now=1.4) == "still, after 2 attempts over 1s: brokerOutageTimeout=2s"

@@ -162,7 +162,7 @@ class Channel(DeclareMethods, SettleMethods, TxMethods):
 
     def enqueue(self, queues: list[Queue], message: Message, mandatory: bool, seq: int) -> None:
         """A routed publish reaches its queues (or is returned); ``seq`` > 0 is confirmed."""
-        if self.connection.server.faults.take_publish_nack():
+        if self.connection.server.faults.take("nack_publishes"):
             if seq:
                 self._confirm(seq, False)
             return
@@ -267,7 +267,7 @@ class Channel(DeclareMethods, SettleMethods, TxMethods):
             raise errors.NotAllowed(f"attempt to reuse consumer tag '{tag}'")
         prefetch = self.consumer_prefetch
         start = None
-        if queue.is_stream and self.connection.server.faults.take_replica_down():
+        if queue.is_stream and self.connection.server.faults.take("replica_down"):
             raise errors.PreconditionFailed(f"stream queue '{queue.name}' in vhost '/' {errors.NO_LOCAL_REPLICA}")
         if queue.is_stream:
             start = queue.check_consume(method.arguments or {}, bool(method.no_ack), prefetch)  # type: ignore[attr-defined]

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
+# The faults that hit the next so many of something, then stop.
+Countdown = Literal["nack_publishes", "replica_down", "leader_down"]
+
 
 class Faults:
     """Mutable switches read by connections and channels on the broker's loop thread."""
@@ -17,20 +22,10 @@ class Faults:
         # The next so many stream-protocol declare_publisher get 0x06, as while RabbitMQ elects a stream's new leader.
         self.leader_down = 0
 
-    def take_publish_nack(self) -> bool:
-        if self.nack_publishes > 0:
-            self.nack_publishes -= 1
-            return True
-        return False
-
-    def take_replica_down(self) -> bool:
-        if self.replica_down > 0:
-            self.replica_down -= 1
-            return True
-        return False
-
-    def take_leader_down(self) -> bool:
-        if self.leader_down > 0:
-            self.leader_down -= 1
+    def take(self, fault: Countdown) -> bool:
+        """Whether this one is hit by ``fault``, one of those counting down (a count left, taken by one)."""
+        left: int = getattr(self, fault)
+        if left > 0:
+            setattr(self, fault, left - 1)
             return True
         return False

@@ -60,7 +60,7 @@ class StreamPublishers:
             queue = self._leader(name)
             if queue is None:
                 code = STREAM_DOES_NOT_EXIST
-            elif self.server.faults.take_leader_down():
+            elif self.server.faults.take("leader_down"):
                 code = STREAM_NOT_AVAILABLE
             else:
                 self.publishers[pub_id] = Publisher(pub_id, queue, reference or None)

@@ -184,11 +184,8 @@ class PartitionPublisher:
                     raise
                 outage.failed(cause)
                 delay = backoff.next()
-                if outage.seconds() + delay > outage.timeout:
-                    raise AmqpPublishError(
-                        f"{err} (still, after {outage.failures} attempts over {outage.seconds():.0f}s: "
-                        f"brokerOutageTimeout={outage.timeout:g}s); nothing was published"
-                    ) from cause
+                if not outage.allows(delay):
+                    raise AmqpPublishError(f"{err} ({outage.waited()}); nothing was published") from cause
                 log.warning(
                     "AMQP sink: %s; trying again in %.1fs (attempt %d, nothing published yet; %.0fs of brokerOutageTimeout=%gs)",
                     err,

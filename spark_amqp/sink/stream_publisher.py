@@ -188,7 +188,7 @@ class StreamPartitionPublisher:
         return tuple(found)
 
     async def _close(self) -> None:
-        clients = list(dict.fromkeys(c for c in (self._client, *self._via) if c is not None))
+        clients = self._connections()  # the first connection is among them, or closed once it leads no partition
         self._client, self._via = None, []
         for client in clients:
             await client.close()
@@ -300,7 +300,7 @@ class StreamPartitionPublisher:
         """Transient, safe to repeat (nothing published yet, or deduplication drops what was stored), and the
         next attempt comes within brokerOutageTimeout of the last confirm."""
         safe = self.producer.name is not None or not self.published
-        return safe and is_transient(failed.reason) and outage.seconds() + delay <= outage.timeout
+        return safe and is_transient(failed.reason) and outage.allows(delay)
 
     def _error(self, failed: _Failed, outage: Outage) -> AmqpPublishError:
         c = self.options.connection
@@ -308,7 +308,7 @@ class StreamPartitionPublisher:
         unconfirmed = self.published - self.confirmed
         waited = ""
         if is_transient(failed.reason) and outage.failures > 1:
-            waited = f" (still, after {outage.failures} attempts over {outage.seconds():.0f}s: brokerOutageTimeout={outage.timeout:g}s)"
+            waited = f" ({outage.waited()})"
         if not self.published:
             said = explain(failed.reason, c.display_uri, c.username, c.vhost, subject)
             return AmqpPublishError(f"{said}{waited}; nothing was published; {retry_hint(failed.reason)}")
