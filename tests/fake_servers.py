@@ -1,5 +1,6 @@
-"""Fake brokers on loopback for the connection tests (``test_client``, ``test_dial``): a node that accepts and never
-answers (optionally behind TLS), and a self-signed certificate made by openssl."""
+"""Fake brokers on loopback for the connection and sink tests: a node that accepts and never answers (optionally
+behind TLS), a node that comes back after a while in front of a real one, and a self-signed certificate made by
+openssl."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import socket
 import ssl
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -85,3 +87,38 @@ def self_signed(directory: Path, name: str, alt_name: str | None = None) -> tupl
         timeout=60,
     )
     return cert, key
+
+
+class LateNode(Listener):
+    """A node that comes back: for ``down`` seconds each connection is closed as soon as it is accepted (a node
+    restarting), then each is forwarded to ``port``, so that a client reaches a real broker late."""
+
+    def __init__(self, port: int, down: float) -> None:
+        self.target = port
+        self.up_at = time.monotonic() + down
+        self.refused = 0
+        super().__init__()
+
+    def accepted(self, conn: socket.socket) -> None:
+        if time.monotonic() < self.up_at:
+            self.refused += 1
+            conn.close()
+            return
+        upstream = socket.create_connection(("127.0.0.1", self.target))
+        for source, sink in ((conn, upstream), (upstream, conn)):
+            threading.Thread(target=_pipe, args=(source, sink), daemon=True).start()
+
+
+def _pipe(source: socket.socket, sink: socket.socket) -> None:
+    try:
+        while data := source.recv(65536):
+            sink.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for s in (source, sink):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()

@@ -16,6 +16,7 @@ from spark_amqp.sink.publisher import PartitionPublisher
 from spark_amqp.sink.writer import connected
 
 from ..broker.helpers import connect, drain, ready_count
+from ..fake_servers import LateNode
 
 
 def _publish(url: str, table: dict, **options: str):  # type: ignore[no-untyped-def,type-arg]
@@ -98,6 +99,23 @@ def test_a_broker_refusing_connections_for_a_while_is_waited_out_before_the_firs
     assert (result.published, result.confirmed) == (20, 20)
     conn = connect(embedded.url)
     assert [body for _, _, body in drain(conn.channel(), "q")] == [b"m%d" % i for i in range(20)]
+    conn.close()
+
+
+def test_a_node_that_comes_back_before_the_first_message_is_waited_out(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
+    """The same on every broker: the sink reaches it through a node that closes every connection for 1.5 s."""
+    q = names.queue()
+    _declare(amqp_url, q)
+    port = int(amqp_url.rsplit(":", 1)[1].split("/")[0])
+    node = LateNode(port, down=1.5)
+    try:
+        late_url = amqp_url.replace(f":{port}/", f":{node.port}/")
+        result = _publish(late_url, {"body": [b"m%d" % i for i in range(20)]}, routingKey=q, connectionTimeout="5")
+    finally:
+        node.close()
+    assert node.refused >= 2 and (result.published, result.confirmed) == (20, 20)
+    conn = connect(amqp_url)
+    assert [body for _, _, body in drain(conn.channel(), q)] == [b"m%d" % i for i in range(20)]
     conn.close()
 
 

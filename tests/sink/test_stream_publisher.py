@@ -28,6 +28,7 @@ from spark_amqp.stream_protocol.client import OffsetSpec, StreamClient
 from spark_amqp.stream_protocol.rows import Conversion, RowMaker
 from tests.brokers import version_of
 
+from ..fake_servers import LateNode
 from .stream_helpers import create, delete, records, run, until
 
 Node = tuple[str, str, str]
@@ -300,6 +301,23 @@ def test_a_broker_refusing_connections_for_a_while_is_waited_out(embedded: Embed
         embedded.stream_url, {"body": [b"a", b"b"]}, producer_for("q", 0, 0, deduplication=False), stream=name, deduplication="false"
     )
     assert (done.published, done.confirmed) == (2, 2) and _bodies(embedded.stream_url, name) == [b"a", b"b"]
+
+
+def test_a_node_that_comes_back_before_the_first_message_is_waited_out(stream_node: Node, stream: str) -> None:
+    """The same on every broker: the sink reaches it through a node that closes every connection for 1.5 s
+    (nothing published yet: retried with deduplication off too)."""
+    url = stream_node[1]
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    node = LateNode(port, down=1.5)
+    try:
+        late_url = url.replace(f":{port}/", f":{node.port}/")
+        done = _publish(
+            late_url, {"body": [b"a", b"b"]}, producer_for("q", 0, 0, deduplication=False), stream=stream, deduplication="false"
+        )
+    finally:
+        node.close()
+    assert node.refused >= 2 and (done.published, done.confirmed) == (2, 2)
+    assert _bodies(url, stream) == [b"a", b"b"]
 
 
 def test_own_publishing_ids_deduplicate_and_must_increase(stream_node: Node, stream: str) -> None:
