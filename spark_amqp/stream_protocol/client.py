@@ -37,6 +37,7 @@ _ID = struct.Struct(">Q")
 RENEWAL = "OAuth 2 token renewal"
 # A refused login: authentication failure, and its loopback-only variant (guest from another host).
 _LOGIN_REFUSED = (0x08, 0x0B)
+_NO_SUBSCRIPTION = 0x04
 
 
 class OffsetSpec:
@@ -339,8 +340,13 @@ class StreamClient(asyncio.Protocol):
         self.write(frame(Key.CREDIT, 1, struct.pack(">BH", sub_id, chunks)))
 
     async def unsubscribe(self, sub_id: int) -> None:
+        """Ends the subscription. One the broker has already ended (its stream's member went in a failover, and the
+        metadata update saying so has not come yet) answers 0x04: it is gone all the same."""
         try:
             await self.request(Key.UNSUBSCRIBE, struct.pack(">B", sub_id), f"subscription {sub_id}")
+        except StreamResponseError as err:
+            if err.code != _NO_SUBSCRIPTION:
+                raise
         finally:
             self.subscriptions.pop(sub_id, None)
 

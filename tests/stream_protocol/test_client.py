@@ -7,6 +7,7 @@ the connection: unknown frame); 4.0 reports chunk ids only, 4.3 also ``committed
 from __future__ import annotations
 
 import asyncio
+import struct
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 from spark_amqp.errors import AmqpProtocolError, ConnectionLost, HandshakeFailed, StreamResponseError, is_transient
 from spark_amqp.stream_protocol import amqp10, chunks
 from spark_amqp.stream_protocol.client import OffsetSpec, StreamClient
+from spark_amqp.stream_protocol.wire import Key
 from tests.brokers import version_of
 
 from .conftest import stream_options
@@ -92,6 +94,26 @@ def test_the_amqp_port_is_told_apart_from_the_stream_port(stream_node: Node) -> 
     url = stream_node[1].replace(stream_node[1].rsplit(":", 1)[1].split("/")[0], amqp_port)
     with pytest.raises((HandshakeFailed, ConnectionLost), match=r"does not speak the stream protocol|socket closed"):
         run(url, lambda c: asyncio.sleep(0))
+
+
+def test_unsubscribing_a_subscription_the_broker_already_ended_is_not_an_error(stream_node: Node, stream_name: str) -> None:
+    """In a failover RabbitMQ ends a subscription before the metadata update saying so arrives; unsubscribing it
+    then gets 0x04, which failed the planner's latestOffset and the query (CI's failover test, once)."""
+
+    async def body(c: StreamClient) -> list[int]:
+        await c.create(stream_name)
+        try:
+            await c.subscribe(3, stream_name, OffsetSpec.NEXT, 1, lambda _: None)
+            await c.request(Key.UNSUBSCRIBE, struct.pack(">B", 3), "subscription 3")  # ended behind the client's back
+            assert 3 in c.subscriptions
+            await c.unsubscribe(3)
+            with pytest.raises(StreamResponseError, match=r"subscription id does not exist \(0x04\)"):
+                await c.request(Key.UNSUBSCRIBE, struct.pack(">B", 3), "subscription 3")  # what the broker answers
+            return list(c.subscriptions)
+        finally:
+            await c.delete(stream_name)
+
+    assert run(stream_node[1], body) == []
 
 
 def test_create_delete_and_metadata(stream_node: Node, stream_name: str) -> None:
