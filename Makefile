@@ -30,7 +30,7 @@ STREAMCLIENT_DIR := .cache/stream-client
 STREAMCLIENT_STAMP := $(STREAMCLIENT_DIR)/.stamp
 STREAMCLIENT_CLASS := $(STREAMCLIENT_DIR)/classes/StreamConsume.class
 
-.PHONY: install jars perftest streamclient wheel test test-matrix test-python3.10 $(PYSPARK_LINES:%=test-pyspark%) lint demo bench broker rabbitmq clean
+.PHONY: install jars perftest streamclient wheel test test-matrix $(PYSPARK_LINES:%=test-pyspark%) lint demo bench broker rabbitmq clean
 
 $(STAMP): pyproject.toml conf/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -128,21 +128,6 @@ $(PYSPARK_LINES:%=test-pyspark%): test-pyspark%: .venv-pyspark%/.wheel
 ## The Spark tests on every other PySpark line; `make test` covers the pinned one.
 test-matrix: $(PYSPARK_LINES:%=test-pyspark%)
 
-## The tests without Spark on Python 3.10, the oldest Python the package supports (with pamqp 3.x,
-## what 3.10 gets), on the embedded broker: what differs by Python version is the language and
-## its libraries, which every broker exercises alike. The interpreter is Ubuntu 22.04's
-## (tools/python3.10); pip comes from the project's venv.
-PY310_VENV := .venv-python3.10
-$(PY310_VENV)/.installed: $(STAMP) conf/constraints-python3.10.txt pyproject.toml
-	rm -rf $(PY310_VENV)
-	py=$$(tools/python3.10 install) && "$$py" -m venv --without-pip $(PY310_VENV)
-	$(PY) -m pip --python $(PY310_VENV)/bin/python install --quiet pip
-	$(PY310_VENV)/bin/python -m pip install --quiet -c conf/constraints-python3.10.txt -e . pyspark pika pytest pytest-timeout pytest-xdist
-	touch $@
-
-test-python3.10: $(PY310_VENV)/.installed
-	env -u AMQP_TEST_BROKERS -u AMQP_TEST_URL -u AMQP_TEST_DENYING_URL -u AMQP_TEST_CLUSTER_URL -u AMQP_TEST_CLUSTER_STREAM_URL -u AMQP_TEST_TLS_URL -u AMQP_TEST_TLS_STREAM_URL -u AMQP_TEST_TLS_DIR -u AMQP_TEST_OAUTH_URL -u AMQP_TEST_OAUTH_STREAM_URL $(PY310_VENV)/bin/python -m pytest -m "not spark" -n $(TEST_WORKERS) -p no:cacheprovider $(PYTEST_ARGS)
-
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -167,4 +152,4 @@ bench: $(STAMP) $(JARS_STAMP) $(PERFTEST_STAMP) $(DELTA_VENV)/.wheel
 	else echo "benchmarks/stream_throughput.py skipped: it needs RabbitMQ with stream queues in AMQP_TEST_URL"; fi
 
 clean:
-	rm -rf $(VENV) $(PY310_VENV) $(PYSPARK_LINES:%=.venv-pyspark%) build dist .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(PYSPARK_LINES:%=.venv-pyspark%) build dist .pytest_cache .mypy_cache .ruff_cache

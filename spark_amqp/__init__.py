@@ -7,8 +7,6 @@ from importlib.metadata import PackageNotFoundError, version
 from importlib.util import find_spec
 from typing import Any
 
-from . import pamqp_fixes  # noqa: F401  (before any module encodes a field table)
-
 try:
     __version__ = version("spark-amqp")
 except PackageNotFoundError:  # imported from a source tree that was never installed

@@ -83,5 +83,5 @@ class Outage:
         """What the query's progress shows of the outage (None while the broker answers)."""
         if self.since_wall is None:
             return None
-        since = datetime.datetime.fromtimestamp(self.since_wall, datetime.timezone.utc).isoformat(timespec="seconds")
+        since = datetime.datetime.fromtimestamp(self.since_wall, datetime.UTC).isoformat(timespec="seconds")
         return {"since": since, "seconds": round(self.seconds(now)), "attempts": self.failures, "lastError": self.last_errors}

@@ -245,7 +245,7 @@ def _load(spec: str) -> Callable[[], Any]:
 def _epoch(expiry: object) -> float | None:
     if isinstance(expiry, datetime.datetime):
         if expiry.tzinfo is None:
-            expiry = expiry.replace(tzinfo=datetime.timezone.utc)
+            expiry = expiry.replace(tzinfo=datetime.UTC)
         return expiry.timestamp()
     if isinstance(expiry, int | float) and not isinstance(expiry, bool):
         return float(expiry)

@@ -102,7 +102,7 @@ def _content(**props: Any) -> bytes:
         {
             "headers": {"nested": {"x-stream-offset": 7}, "x-stream-offset": OFFSET, "t": True},
             "delivery_mode": 2,
-            "timestamp": datetime.datetime(2024, 1, 2, tzinfo=datetime.timezone.utc),
+            "timestamp": datetime.datetime(2024, 1, 2, tzinfo=datetime.UTC),
         },
     ],
 )
@@ -167,10 +167,9 @@ def test_a_table_that_overruns_its_size_is_left_to_the_full_decode() -> None:
 
 
 @pytest.mark.parametrize("value", [-1, -128, 127, -129, 65535, -(2**40)])
-def test_a_small_negative_integer_in_a_field_table_is_a_signed_octet_on_every_pamqp(value: int) -> None:
-    # pamqp 3.x (Python 3.10's newest) packed -128..-1 unsigned and raised struct.error: a consumer argument
-    # x-priority=-1, or a stream offset of -1, could not be sent. spark_amqp.pamqp_fixes puts pamqp 4's
-    # encoding in place there.
+def test_a_small_negative_integer_in_a_field_table_is_a_signed_octet(value: int) -> None:
+    # pamqp 3.x packed -128..-1 unsigned and raised struct.error (a consumer argument x-priority=-1 could not
+    # be sent): the package needs pamqp 4.
     consume = framing.build(commands.Basic.Consume, queue="q", consumer_tag="t", arguments={"x-priority": value})
     frame = framing.method_frame(1, consume)
     decoded = framing.decode_method(frame[7:-1])  # the payload, without the frame header and end

@@ -168,7 +168,7 @@ def dead_letter(message: Message, queue: str, reason: str, exchange: str, routin
     expiration = None
     if codec.header_flags(message.header) & codec.FLAG_EXPIRATION:
         expiration = codec.decode_properties(message.header).expiration
-    now = int(datetime.datetime.now(datetime.timezone.utc).timestamp())
+    now = int(datetime.datetime.now(datetime.UTC).timestamp())
     deaths = list(message.deaths)
     same = next((d for d in deaths if d.queue == queue and d.reason == reason), None)
     if same is not None:

@@ -67,7 +67,7 @@ class ClientChannel:
             self.client.send_method(self.number, method)
             try:
                 return await asyncio.wait_for(future, limit)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 # A broker that stops answering on one channel is not trusted with the next call either.
                 err = ConnectionLost(f"the broker did not answer {method.name} within {limit:g}s")
                 self.client.abort(err)

@@ -260,7 +260,7 @@ class AmqpClient(asyncio.Protocol):
         try:
             self.send_method(0, C.UpdateSecret(new_secret=token.value, reason="OAuth 2 token renewed"))
             await asyncio.wait_for(asyncio.shield(self._secret_ok), self.options.connection_timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             err = ConnectionLost(f"no answer to connection.update-secret within connectionTimeout={self.options.connection_timeout:g}s")
             self.abort(err)  # a broker that does not answer will not keep the connection past the token's expiry either
             raise err from None
@@ -273,5 +273,5 @@ class AmqpClient(asyncio.Protocol):
         self.send_method(0, framing.build(C.Close, reply_code=200, reply_text="bye", class_id=0, method_id=0))
         try:
             await asyncio.wait_for(asyncio.shield(self.closed), CLOSE_TIMEOUT)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.abort(ConnectionLost("closed"))

@@ -95,7 +95,7 @@ async def _resolve(endpoint: Endpoint, timeout: float) -> list[tuple[str, str]] 
     loop = asyncio.get_running_loop()
     try:
         infos = await asyncio.wait_for(loop.getaddrinfo(endpoint.host, endpoint.port, type=socket.SOCK_STREAM), timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         reason = f"its name did not resolve within connectionTimeout={timeout:g}s"
         return Failure(str(endpoint), reason, ConnectionLost(f"cannot connect to {endpoint}: {reason}"))
     except OSError as err:  # the resolver is down, or the name unknown (a typo fails every round the same way)
@@ -133,7 +133,7 @@ async def _open_one(
 
     try:
         await asyncio.wait_for(open_connection(), timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         reason = f"no answer within connectionTimeout={timeout:g}s"
         failure = Failure(where, reason, ConnectionLost(f"no answer from {where} within connectionTimeout={timeout:g}s"))
     except ssl.SSLError as tls_err:

@@ -132,7 +132,7 @@ class ConsumerSession:
         future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(fn(), loop)  # type: ignore[arg-type]
         try:
             return future.result(timeout)
-        except concurrent.futures.TimeoutError:  # not the builtin TimeoutError on Python 3.10
+        except TimeoutError:
             future.cancel()
             raise AmqpSourceError(f"{self.options.connection.display_uri} did not answer within {timeout:.0f}s") from None
         except AmqpProtocolError as err:

@@ -64,8 +64,8 @@ def render_header(value: Any) -> str | None:
         return str(value)
     if isinstance(value, datetime.datetime):
         if value.tzinfo is None:
-            value = value.replace(tzinfo=datetime.timezone.utc)
-        return str(value.astimezone(datetime.timezone.utc).isoformat())
+            value = value.replace(tzinfo=datetime.UTC)
+        return str(value.astimezone(datetime.UTC).isoformat())
     if isinstance(value, (bytes, bytearray)):
         try:
             return bytes(value).decode("utf-8")

@@ -289,11 +289,11 @@ def _property_value(column: str, value: Any) -> Any:
     if column == "timestamp":
         if isinstance(value, datetime.datetime):
             if value.tzinfo is None:
-                value = value.replace(tzinfo=datetime.timezone.utc)
+                value = value.replace(tzinfo=datetime.UTC)
             value = int(value.timestamp())
         if not 0 <= value <= _MAX_TIMESTAMP:
             raise ValueError("must be between 1970-01-01 and 9999-12-31 (AMQP timestamps are unsigned epoch seconds)")
-        return datetime.datetime.fromtimestamp(value, tz=datetime.timezone.utc)
+        return datetime.datetime.fromtimestamp(value, tz=datetime.UTC)
     if column == "headers":
         # Arrow maps come as (key, value) pairs; rows (PySpark 4.0 streaming) as dicts.
         items = value.items() if isinstance(value, dict) else value

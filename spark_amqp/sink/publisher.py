@@ -265,7 +265,7 @@ class PartitionPublisher:
         )
         try:
             await asyncio.wait_for(client.unblocked.wait(), self.options.confirm_timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise self._timeout(window, message, reason) from None
         log.warning("AMQP sink: the broker unblocked publishing")
 

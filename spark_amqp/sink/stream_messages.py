@@ -225,7 +225,7 @@ def _app_value(value: Any) -> Any:
     if isinstance(value, bytes | bytearray):
         return bytes(value)
     if isinstance(value, datetime.datetime):
-        when = value if value.tzinfo else value.replace(tzinfo=datetime.timezone.utc)
+        when = value if value.tzinfo else value.replace(tzinfo=datetime.UTC)
         return Timestamp(int(when.timestamp() * 1000))
     if isinstance(value, decimal.Decimal):
         return str(value)

@@ -117,7 +117,7 @@ def arrow_schema(schema: StructType) -> pa.Schema:
 def _utc(value: Any) -> Any:
     # Rows carry TIMESTAMP values as naive local times.
     if isinstance(value, datetime.datetime) and value.tzinfo is None:
-        return value.astimezone(datetime.timezone.utc)
+        return value.astimezone(datetime.UTC)
     if isinstance(value, dict):
         return {k: _utc(v) for k, v in value.items()}
     return value

@@ -282,7 +282,7 @@ class StreamClient(asyncio.Protocol):
         self.write(command(key, correlation, body, version))
         try:
             return await asyncio.wait_for(future, self.options.connection_timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._pending.pop(correlation, None)
             err = ConnectionLost(f"{about}: no answer from the broker within connectionTimeout={self.options.connection_timeout:g}s")
             self.abort(err)
@@ -386,6 +386,6 @@ class StreamClient(asyncio.Protocol):
             return
         try:
             await asyncio.wait_for(self.request(Key.CLOSE, struct.pack(">H", OK) + string("bye"), "close"), CLOSE_TIMEOUT)
-        except (AmqpProtocolError, asyncio.TimeoutError):
+        except (TimeoutError, AmqpProtocolError):
             pass  # the connection is going either way; what the broker said about it changes nothing
         self.abort(ConnectionLost("closed"))

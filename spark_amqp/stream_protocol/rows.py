@@ -237,7 +237,7 @@ def _text(value: Any) -> str | None:
 
 def _header_value(value: Any) -> Any:
     if isinstance(value, Timestamp):
-        return datetime.datetime.fromtimestamp(int(value) // 1000, datetime.timezone.utc)
+        return datetime.datetime.fromtimestamp(int(value) // 1000, datetime.UTC)
     if isinstance(value, Opaque):
         return value.data
     if isinstance(value, Described):

@@ -74,7 +74,7 @@ async def filter_value_at(client: AmqpClient, stream: str, offset: int) -> tuple
 
 async def offset_at(client: AmqpClient, stream: str, epoch_ms: int) -> int | None:
     """The first offset of the first chunk written at or after ``epoch_ms`` (to the second); None if none is."""
-    moment = datetime.datetime.fromtimestamp(epoch_ms // 1000, tz=datetime.timezone.utc)
+    moment = datetime.datetime.fromtimestamp(epoch_ms // 1000, tz=datetime.UTC)
     found = (await _probe(client, stream, moment, 1, to_the_end=False)).first
     return None if found is None else found[0]
 
@@ -123,7 +123,7 @@ async def _probe(client: AmqpClient, stream: str, spec: Any, prefetch: int, to_t
         patience = client.options.connection_timeout if declared.message_count else EMPTY_WAIT
         try:
             await asyncio.wait_for(arrived.wait(), patience)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass  # an empty stream, or one that has nothing at or after that moment
         counted = 0
         while to_the_end and seen.count > counted and not foreign:

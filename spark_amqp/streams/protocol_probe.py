@@ -121,7 +121,7 @@ async def _one_chunk(client: StreamClient, stream: str, spec: tuple[int, int], p
         await client.subscribe(sub, stream, spec, 1, on_chunk)
     try:
         data = await asyncio.wait_for(asyncio.shield(got), patience)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return None  # RabbitMQ 3.10: an empty stream
     finally:
         if not client.closed.done():

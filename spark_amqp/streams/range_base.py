@@ -100,7 +100,7 @@ class RangeReader:
                     await asyncio.wait_for(self.arrived.wait(), FILTER_IDLE if self._may_widen else timeout)
                 if self.failure is not None:
                     raise self.failure
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 if self._may_widen:
                     self.widen_due = True
                     continue

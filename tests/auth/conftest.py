@@ -28,7 +28,7 @@ def made_cert(tmp_path_factory: pytest.TempPathFactory) -> MadeCertificate:
     folder = tmp_path_factory.mktemp("client-cert")
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "acme"), x509.NameAttribute(NameOID.COMMON_NAME, "etl-user")])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     certificate = (
         x509.CertificateBuilder()
         .subject_name(name)

@@ -15,5 +15,5 @@ calls = 0
 def tls_node_token() -> tuple[str, datetime.datetime]:
     global calls
     calls += 1
-    expires = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=LIFETIME)
+    expires = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=LIFETIME)
     return signer(os.environ["AMQP_TEST_TLS_DIR"])(LIFETIME), expires

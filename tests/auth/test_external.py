@@ -73,7 +73,7 @@ def stranger(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     ca_cert = x509.load_pem_x509_certificate(Path(f"{tls_dir}/ca.pem").read_bytes())
     ca_key: Any = serialization.load_pem_private_key(Path(f"{tls_dir}/ca-key.pem").read_bytes(), None)
     key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     made = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"nobody-{uuid.uuid4().hex[:6]}")]))

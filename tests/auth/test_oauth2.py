@@ -44,7 +44,7 @@ async def use(protocol: str, client: Any) -> None:
 async def closed_within(client: Any, seconds: float) -> AmqpProtocolError | None:
     try:
         return await asyncio.wait_for(asyncio.shield(client.closed), seconds)  # type: ignore[no-any-return]
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return None
 
 

@@ -239,6 +239,6 @@ def test_renewal_retries_an_unreachable_endpoint_until_shortly_before_expiry(mon
 
 
 def test_a_datetime_expiry_is_read_in_utc() -> None:
-    at = datetime.datetime(2030, 1, 1, tzinfo=datetime.timezone.utc)
+    at = datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC)
     assert tokens._epoch(at) == tokens._epoch(at.replace(tzinfo=None)) == at.timestamp()
     assert tokens._epoch(True) is None

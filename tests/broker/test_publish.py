@@ -106,7 +106,7 @@ def test_pika_properties_round_trip(amqp_url: str, names) -> None:  # type: igno
         "neg": -5,
         "b": True,
         "d": decimal.Decimal("3.14"),
-        "dt": datetime.datetime(2024, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc),
+        "dt": datetime.datetime(2024, 1, 2, 3, 4, 5, tzinfo=datetime.UTC),
         "n": None,
         "l": [1, "two", {"three": 3}],
         "t": {"nested": {"deeper": "yes"}},

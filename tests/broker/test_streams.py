@@ -183,7 +183,7 @@ def test_last_on_an_empty_stream_starts_at_the_first_message_written(amqp_url, n
     ch.basic_qos(prefetch_count=100)
     got: dict[str, list[int]] = {"last": [], "timestamp": []}
     ch.basic_consume(q, lambda c, m, p, b: got["last"].append(p.headers["x-stream-offset"]), arguments={"x-stream-offset": "last"})
-    stamp = datetime.datetime(2000, 1, 1, tzinfo=datetime.timezone.utc)
+    stamp = datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC)
     ch.basic_consume(q, lambda c, m, p, b: got["timestamp"].append(p.headers["x-stream-offset"]), arguments={"x-stream-offset": stamp})
     _publish_each(amqp_url, q, [b"a", b"b"])
     wait_for(lambda: (len(got["last"]) >= 2 and len(got["timestamp"]) >= 2) or conn.process_data_events(time_limit=0.05), timeout=15)
@@ -199,7 +199,7 @@ def test_timestamps_choose_the_first_chunk_written_at_or_after(amqp_url, names) 
     boundary = int(time.time()) + 1  # chunk timestamps are ms; the argument is whole seconds
     wait_for(lambda: time.time() >= boundary + 0.05, timeout=5)
     _publish_each(amqp_url, q, [b"late0", b"late1"])
-    at = datetime.datetime.fromtimestamp(boundary, tz=datetime.timezone.utc)
+    at = datetime.datetime.fromtimestamp(boundary, tz=datetime.UTC)
     assert _offsets(amqp_url, q, at) == [2, 3]
     assert _offsets(amqp_url, q, at - datetime.timedelta(days=1)) == [0, 1, 2, 3]
     assert _offsets(amqp_url, q, at + datetime.timedelta(days=1)) == []

@@ -31,7 +31,7 @@ def test_record_batch_matches_the_schema_and_values() -> None:
     out = pa.Table.from_batches(list(arrow.from_ipc(arrow.to_ipc(batch)))).to_pylist()
     assert out[0]["body"] == b"\x00body" and out[0]["delivery_tag"] == 5 and out[0]["redelivered"] is True
     assert out[0]["priority"] == 3 and out[0]["delivery_mode"] == 2 and out[0]["message_id"] == "m"
-    assert out[0]["timestamp"] == datetime.datetime(2023, 11, 14, 22, 13, 20, tzinfo=datetime.timezone.utc)
+    assert out[0]["timestamp"] == datetime.datetime(2023, 11, 14, 22, 13, 20, tzinfo=datetime.UTC)
     assert dict(out[0]["headers"]) == {"h": "1", "n": None}
     assert out[1]["body"] == b"" and out[1]["headers"] is None and out[1]["timestamp"] is None
 

@@ -373,7 +373,7 @@ def test_lazy_properties_decode_like_pika() -> None:
         reply_to="r",
         expiration="1000",
         message_id="m",
-        timestamp=datetime.datetime(2024, 1, 2, tzinfo=datetime.timezone.utc),
+        timestamp=datetime.datetime(2024, 1, 2, tzinfo=datetime.UTC),
         message_type="t",
         user_id="u",
         app_id="app",

@@ -29,7 +29,7 @@ def _properties(header_payload: bytes) -> commands.Basic.Properties:
 
 
 def test_each_row_keeps_its_own_header_keys_and_values() -> None:
-    when = datetime.datetime(2024, 5, 6, 7, 8, 9, tzinfo=datetime.timezone.utc)
+    when = datetime.datetime(2024, 5, 6, 7, 8, 9, tzinfo=datetime.UTC)
     rows = [
         Row(body=b"a", priority=1, timestamp=when.astimezone().replace(tzinfo=None), headers={"only-a": "1"}),
         Row(body=b"b", priority=None, timestamp=None, headers={"only-b": "2", "shared": "x"}),

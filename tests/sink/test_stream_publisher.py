@@ -73,7 +73,7 @@ ROW = {
     "reply_to": ["replies"],
     "expiration": ["60000"],
     "priority": [5],
-    "timestamp": [datetime.datetime(2024, 5, 6, 7, 8, 9, tzinfo=datetime.timezone.utc)],
+    "timestamp": [datetime.datetime(2024, 5, 6, 7, 8, 9, tzinfo=datetime.UTC)],
     "headers": pa.array([[("region", "eu"), ("kind", "a")]], type=pa.map_(pa.string(), pa.string())),
 }
 INT_HEADERS = {
