@@ -22,7 +22,7 @@ import uuid
 
 import pyarrow as pa
 
-from spark_amqp.options import parse_sink_options
+from spark_amqp.sink.options import parse_sink_options
 from spark_amqp.sink.producers import producer_for
 from spark_amqp.sink.stream_publisher import StreamPartitionPublisher
 from spark_amqp.stream_protocol.client import StreamClient

@@ -40,8 +40,8 @@ from pyspark.sql.streaming import StreamingQueryListener
 from sparkenv import local_spark
 
 from spark_amqp.broker import EmbeddedBroker
-from spark_amqp.options import parse_sink_options
 from spark_amqp.sink.columns import MessageBuilder
+from spark_amqp.sink.options import parse_sink_options
 from spark_amqp.sink.publisher import PartitionPublisher
 
 QUEUE = "demo.orders"  # on a real broker with a suffix of its own, so that runs never share a queue

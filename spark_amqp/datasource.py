@@ -6,9 +6,9 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStrea
 from pyspark.sql.types import StructType
 
 from .errors import AmqpOptionError
-from .options import SinkOptions, parse_sink_options
 from .queues.options import SourceOptions, parse_source_options
 from .reading.arrow import SCHEMA_DDL, STREAM_SCHEMA_DDL
+from .sink.options import SinkOptions, parse_sink_options
 from .streams.options import StreamSourceOptions, is_stream_mode, parse_stream_options
 
 __all__ = ["AmqpDataSource"]

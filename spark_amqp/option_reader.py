@@ -1,6 +1,7 @@
 """Typed, case-insensitive access to an option map, and AMQP uris taken apart without leaking passwords.
 
-The pieces ``options.py`` validates with; every error names the option.
+The pieces every options module (``transport/options.py``, the reading modes', the sink's) validates with;
+every error names the option.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from .errors import AmqpOptionError
 
-__all__ = ["SPARK_KEYS", "OptionReader", "ambiguity", "redact_uri", "split_uri"]
+__all__ = ["SPARK_KEYS", "OptionReader", "ambiguity", "keyed", "redact_uri", "split_uri"]
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h)?")
@@ -22,6 +23,11 @@ _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 # Keys Spark itself adds to a data source's options: writeStream's queryName() arrives as one too.
 SPARK_KEYS = frozenset({"path", "checkpointlocation", "queryname"})
+
+
+def keyed(*names: str) -> dict[str, str]:
+    """Option keys as an ``OptionReader`` knows them: lower case -> the documented spelling."""
+    return {k.lower(): k for k in names}
 
 
 class OptionReader:

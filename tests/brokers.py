@@ -25,7 +25,7 @@ import pika
 
 from spark_amqp.broker import EmbeddedBroker
 from spark_amqp.broker.server import MODELLED_VERSION
-from spark_amqp.client.connection import parse_version
+from spark_amqp.transport.connection import parse_version
 
 TOOLS = Path(__file__).resolve().parent.parent / "tools" / "rabbitmq"
 

@@ -19,9 +19,9 @@ from collections.abc import Iterator
 import pika
 import pytest
 
-from spark_amqp import endpoints
 from spark_amqp.broker import EmbeddedBroker
-from spark_amqp.endpoints import EndpointOrder
+from spark_amqp.transport import endpoints
+from spark_amqp.transport.endpoints import EndpointOrder
 
 from . import brokers
 

@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from spark_amqp import endpoints
 from spark_amqp.client import AmqpClient
-from spark_amqp.endpoints import EndpointOrder
 from spark_amqp.errors import AccessRefused, AllEndpointsFailed, ConnectionLost, HandshakeFailed, StreamResponseError, is_transient
 from spark_amqp.option_reader import OptionReader
-from spark_amqp.options import ConnectionOptions, parse_connection
 from spark_amqp.stream_protocol.client import StreamClient
+from spark_amqp.transport import endpoints
+from spark_amqp.transport.endpoints import EndpointOrder
+from spark_amqp.transport.options import ConnectionOptions, parse_connection
 from tests import brokers
 from tests.fake_servers import Listener, SilentServer, self_signed
 

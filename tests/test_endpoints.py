@@ -9,9 +9,6 @@ from collections import Counter
 
 import pytest
 
-from spark_amqp import endpoints
-from spark_amqp.client.dial import Failure, walk
-from spark_amqp.endpoints import Endpoint, EndpointOrder, parse_endpoints
 from spark_amqp.errors import (
     AccessRefused,
     AllEndpointsFailed,
@@ -25,6 +22,9 @@ from spark_amqp.errors import (
     is_transient,
     reply_error,
 )
+from spark_amqp.transport import endpoints
+from spark_amqp.transport.dial import Failure, walk
+from spark_amqp.transport.endpoints import Endpoint, EndpointOrder, parse_endpoints
 
 ENDPOINTS = tuple(Endpoint("127.0.0.1", port) for port in (5701, 5702, 5703))
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from spark_amqp.endpoints import Endpoint
 from spark_amqp.errors import AmqpOptionError
 from spark_amqp.option_reader import OptionReader
-from spark_amqp.options import parse_connection, parse_sink_options
 from spark_amqp.queues.options import parse_source_options
+from spark_amqp.sink.options import parse_sink_options
+from spark_amqp.transport.endpoints import Endpoint
+from spark_amqp.transport.options import parse_connection
 
 BASE = {"uri": "amqp://alice:s3cret-pw@rabbit.example:5673/prod", "queue": "orders"}
 
@@ -153,7 +154,7 @@ def test_numeric_options_refuse_infinite_and_absurd_values(key: str, value: str)
 
 @pytest.mark.parametrize("value", ["inf", "nan", "1e9", "0", "-1"])
 def test_confirm_timeout_refuses_infinite_and_absurd_values(value: str) -> None:
-    from spark_amqp.options import parse_sink_options
+    from spark_amqp.sink.options import parse_sink_options
 
     with pytest.raises(AmqpOptionError, match="option 'confirmTimeout' must be a number of seconds between"):
         parse_sink_options({"uri": "amqp://h/", "confirmTimeout": value})
@@ -218,7 +219,7 @@ def test_stream_filter_options() -> None:
 
 
 def test_sink_super_stream_and_filter_column_options() -> None:
-    from spark_amqp.options import parse_sink_options
+    from spark_amqp.sink.options import parse_sink_options
 
     assert parse_sink_options({"uri": "amqp://h/"}).super_stream is None
     opts = parse_sink_options({"uri": "amqp://h/", "superStream": " orders ", "filterValueColumn": "region"})
@@ -326,7 +327,7 @@ def test_two_uris_joined_are_refused_with_how_to_list_the_nodes(uri: str, shown:
 
 
 def test_a_host_list_is_refused_before_anything_connects_in_every_mode() -> None:
-    from spark_amqp.options import parse_sink_options
+    from spark_amqp.sink.options import parse_sink_options
     from spark_amqp.streams.options import parse_stream_options
 
     bad = "amqp://alice:s3cret-pw@h1,,h2/%2F"

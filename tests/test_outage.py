@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from spark_amqp.errors import AllEndpointsFailed, BrokerUnreachable, ConnectionLost
-from spark_amqp.outage import BrokerOutage, Outage
+from spark_amqp.transport.outage import BrokerOutage, Outage
 
 WHERE = "amqp://etl@h1:5672,h2:5672/prod"
 

@@ -11,8 +11,6 @@ if TYPE_CHECKING:
     # A binding's destination: a queue (of any type), or an exchange (exchange.bind).
     Destination: TypeAlias = "Queue | Exchange"
 
-EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
-
 
 class Binding:
     __slots__ = ("arguments", "queue", "routing_key")

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pamqp import commands
 
 from .. import errors
+from ..rabbitmq import MAX_MESSAGE_SIZE_4X
 from . import timeouts
 from .connection import BrokerConnection
 from .faults import Faults
@@ -32,7 +33,6 @@ T = TypeVar("T")
 __all__ = ["MODELLED_VERSION", "BrokerServer", "EmbeddedBroker"]
 
 DEFAULT_CONSUMER_TIMEOUT_MS = 1_800_000  # RabbitMQ's default
-DEFAULT_MAX_MESSAGE_SIZE = 16_777_216  # RabbitMQ 4.x's default max_message_size (3.10: 128 MiB)
 
 
 class BrokerServer:
@@ -45,7 +45,7 @@ class BrokerServer:
         password: str = "guest",
         heartbeat: int = 60,
         consumer_timeout_ms: int | None = DEFAULT_CONSUMER_TIMEOUT_MS,
-        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        max_message_size: int = MAX_MESSAGE_SIZE_4X,  # 4.x's default
         denied_features: frozenset[str] = frozenset(),
     ) -> None:
         self.loop = loop
@@ -141,7 +141,7 @@ class EmbeddedBroker:
         password: str = "guest",
         heartbeat: int = 60,
         consumer_timeout_ms: int | None = DEFAULT_CONSUMER_TIMEOUT_MS,
-        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        max_message_size: int = MAX_MESSAGE_SIZE_4X,
         denied_features: tuple[str, ...] = (),
         stream_port: int = 0,
     ) -> None:

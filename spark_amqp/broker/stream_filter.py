@@ -19,14 +19,14 @@ import hashlib
 from collections.abc import Iterable
 from typing import Any, cast
 
+from ..rabbitmq import FILTER_VALUE_HEADER
 from .message import Message
 from .stream_records import Record
 
 __all__ = ["BLOOM_BITS", "ChunkFilter", "ConsumerFilter", "bloom_bits", "chunk_filter", "consumer_filter", "protocol_filter"]
 
 BLOOM_BITS = 16 * 8
-_HEADER = "x-stream-filter-value"
-_HEADER_BYTES = _HEADER.encode()
+_HEADER_BYTES = FILTER_VALUE_HEADER.encode()
 
 
 def bloom_bits(value: str) -> int:
@@ -46,7 +46,7 @@ def chunk_filter(records: Iterable[Record]) -> ChunkFilter:
     bloom, unfiltered = 0, False
     for message in records:
         if isinstance(message, Message):
-            value = _text(message.headers().get(_HEADER)) if _HEADER_BYTES in message.header else None
+            value = _text(message.headers().get(FILTER_VALUE_HEADER)) if _HEADER_BYTES in message.header else None
         else:
             value = message.filter_value
         if value is not None:

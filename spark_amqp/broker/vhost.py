@@ -12,7 +12,8 @@ import os
 from typing import Any, cast
 
 from .. import errors
-from .exchange import EXCHANGE_TYPES, Exchange
+from ..rabbitmq import EXCHANGE_TYPES
+from .exchange import Exchange
 from .message import Message, dead_letter
 from .queue import Queue
 from .stream import StreamQueue, is_stream

@@ -17,9 +17,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, Protocol, TypeVar
 
-from ..backoff import Backoff
 from ..errors import AmqpSourceError, BrokerUnreachable, ConnectionLost, explain, is_transient
-from ..options import ConnectionOptions
+from ..transport.backoff import Backoff
+from ..transport.options import ConnectionOptions
 
 __all__ = ["BlockingClient"]
 

@@ -1,94 +1,58 @@
-"""``AmqpClient``: one AMQP 0-9-1 connection on asyncio, owned by one protocol object.
+"""``AmqpClient``: one AMQP 0-9-1 connection on asyncio, a ``transport.Connection``.
 
 As in aiormq, the protocol object owns the socket: ``data_received`` cuts
-frames and hands them to channels, writes go straight to the transport.
+frames and hands them to channels, writes go straight to the transport;
+dialing, TLS, the SASL login, heartbeats and token renewal are the transport's.
 Every way the connection can end is one exception from ``spark_amqp.errors``
 set on ``closed``: a ``connection.close`` from the broker becomes its reply
 code's class, a dead socket or silent peer ``ConnectionLost``, TLS or a
 non-AMQP peer ``HandshakeFailed``, a refused certificate or token login
 ``LoginRefused`` / ``TokenError``. Whether to retry is the caller's call,
 through ``errors.is_transient``. A connection that logged in with an OAuth 2
-token renews it before it expires (``connection.update-secret``; ``login.py``).
+token renews it before it expires (``connection.update-secret``; ``transport/renewal.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 from typing import Any
 
 from pamqp import commands
 
 from .. import framing
 from ..errors import AmqpProtocolError, CallbackFailed, ConnectionLost, DecodeError, HandshakeFailed, TokenError, reply_error
-from ..options import ConnectionOptions
-from ..tokens import Token
+from ..transport.connection import CLOSE_TIMEOUT, Connection, parse_version
+from ..transport.login import Login
+from ..transport.options import ConnectionOptions
+from ..transport.tokens import Token
 from . import consumer
 from .channel import ClientChannel
-from .dial import open_within_timeout, tls_context
-from .login import Login, Renewal
-from .tls import lost, peer
 
-__all__ = ["AmqpClient", "open_within_timeout", "tls_context"]
+__all__ = ["AmqpClient"]
 
 C = commands.Connection
 MAX_FRAME = 131072
-CLOSE_TIMEOUT = 5.0
 
 
-def parse_version(value: Any) -> tuple[int, int] | None:
-    """(major, minor) of a ``version`` server property such as ``4.3.6`` or ``3.10.8``."""
-    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value or "")
-    match = re.match(r"(\d+)\.(\d+)", text)
-    return (int(match.group(1)), int(match.group(2))) if match else None
-
-
-class AmqpClient(asyncio.Protocol):
+class AmqpClient(Connection):
     """One connection; deliveries are handed to channel callbacks from ``data_received``."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, options: ConnectionOptions, client_name: str, login: Login | None = None) -> None:
-        self.loop = loop
-        self.options = options
-        self.client_name = client_name
-        self.login = login or Login(options)
-        self.peer = "the broker"  # host:port once connected
-        self.renewal: Renewal | None = None  # with an OAuth 2 token: renews it while the connection is open
+        super().__init__(loop, options, client_name, login)
         self._secret_ok: asyncio.Future[None] | None = None  # a connection.update-secret awaiting its answer
-        self.transport: asyncio.Transport | None = None
         self.channels: dict[int, ClientChannel] = {}
-        self.closed: asyncio.Future[AmqpProtocolError] = loop.create_future()
         self.frame_max = MAX_FRAME
-        self.heartbeat = 0
-        self.server_version: tuple[int, int] | None = None  # the broker's (major, minor), when it says
-        self._tail = b""  # the start of a frame not yet whole
-        self._opened: asyncio.Future[None] = loop.create_future()
         # connection.blocked: why the broker stops reading what we publish (a memory or disk alarm).
         self.blocked: str | None = None
         self.unblocked = asyncio.Event()
         self.unblocked.set()
         self._next_channel = 1
-        self._last_recv = 0.0
-        self._timer: asyncio.TimerHandle | None = None
 
-    @classmethod
-    async def connect(cls, options: ConnectionOptions, client_name: str) -> AmqpClient:
-        """Connect, log in and open the vhost on the first endpoint that lets us (``connectionTimeout`` each);
-        nothing is left open on failure."""
-        loop = asyncio.get_running_loop()
-        login = await Login.prepare(options)  # a token is fetched once for the whole walk over the endpoints
-        return await open_within_timeout(options, lambda: cls(loop, options, client_name, login), lambda c: asyncio.shield(c._opened))
+    def _greet(self) -> None:
+        self.write(framing.PROTOCOL_HEADER)
 
-    # -- asyncio.Protocol ---------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        self.peer = peer(transport)
-        self._last_recv = self.loop.time()
-        transport.write(framing.PROTOCOL_HEADER)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._lost(lost(exc, self.peer, self.options.tls))
+    def _heartbeat_frame(self) -> bytes:
+        return framing.HEARTBEAT_FRAME
 
     def data_received(self, data: bytes) -> None:
         self._last_recv = self.loop.time()
@@ -163,18 +127,14 @@ class AmqpClient(asyncio.Protocol):
             self.send_method(0, C.StartOk(client_properties=props, mechanism=self.login.mechanism, response=response, locale="en_US"))
         elif isinstance(method, C.Tune):
             self.frame_max = min(method.frame_max or MAX_FRAME, MAX_FRAME)
-            self.heartbeat = min(self.options.heartbeat, method.heartbeat) if method.heartbeat else self.options.heartbeat
             channel_max = method.channel_max or 2047
-            self.send_method(0, C.TuneOk(channel_max=channel_max, frame_max=self.frame_max, heartbeat=self.heartbeat))
+            heartbeat = self._agree_heartbeat(method.heartbeat)
+            self.send_method(0, C.TuneOk(channel_max=channel_max, frame_max=self.frame_max, heartbeat=heartbeat))
             self.send_method(0, framing.build(C.Open, virtual_host=self.options.vhost, capabilities="", insist=False))
-            if self.heartbeat:
-                self._timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat)
         elif isinstance(method, C.OpenOk):
             if not self._opened.done():
                 self._opened.set_result(None)
-            if self.login.token is not None:
-                self.renewal = Renewal(self.loop, self.options, self.login.token, self._update_secret, self.abort, self.client_name)
-                self.renewal.start()
+            self._renew_token(self._update_secret)
         elif isinstance(method, C.Close):
             self.send_method(0, C.CloseOk())
             code = method.reply_code or 0
@@ -199,47 +159,17 @@ class AmqpClient(asyncio.Protocol):
             self.blocked = None
             self.unblocked.set()
 
-    def _heartbeat(self) -> None:
-        if self.transport is None or self.transport.is_closing():
-            return
-        if self.loop.time() - self._last_recv > 2 * self.heartbeat:
-            self.abort(ConnectionLost(f"missed heartbeats from the broker ({self.heartbeat}s)"))
-            return
-        self.write(framing.HEARTBEAT_FRAME)
-        self._timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat)
-
-    def _lost(self, reason: AmqpProtocolError) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        if self.renewal is not None:
-            self.renewal.cancel()
+    def _fail_waiting(self, reason: AmqpProtocolError) -> None:
         if self._secret_ok is not None and not self._secret_ok.done():
             self._secret_ok.set_exception(reason)
             self._secret_ok.exception()
-        if not self._opened.done():
-            self._opened.set_exception(reason)
-            self._opened.exception()  # retrieved: connect() reports it
-        if not self.closed.done():
-            self.closed.set_result(reason)
         for ch in list(self.channels.values()):
             ch._finish(reason)
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.close()
 
     # -- API ----------------------------------------------------------------------------
 
-    def write(self, data: bytes) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(data)
-
     def send_method(self, channel: int, method: Any) -> None:
         self.write(framing.method_frame(channel, method))
-
-    def abort(self, reason: AmqpProtocolError) -> None:
-        """Drop the socket at once (no close handshake) and end every channel with ``reason``."""
-        if self.transport is not None:
-            self.transport.abort()
-        self._lost(reason)
 
     async def channel(self) -> ClientChannel:
         if self.closed.done():

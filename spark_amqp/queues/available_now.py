@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from ..client import AmqpClient, queue_depths
 from ..errors import AmqpSourceError, explain, is_transient
-from ..options import ConnectionOptions
+from ..transport.options import ConnectionOptions
 
 log = logging.getLogger("spark_amqp.queues")
 

@@ -1,5 +1,5 @@
 """Queue mode's options (``option("queue")``), parsed once into frozen, typed objects, before anything
-connects; the connection and trigger options are shared (``spark_amqp/options.py``)."""
+connects; the connection and trigger options are shared (``transport/options.py``, ``reading/trigger.py``)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import AmqpOptionError
-from ..option_reader import OptionReader, redact_uri
-from ..options import (
-    CONNECTION_KEYS,
-    MAX_PREFETCH,
-    ConnectionOptions,
-    TriggerOptions,
-    parse_connection,
-    parse_trigger,
-)
+from ..option_reader import OptionReader, keyed, redact_uri
+from ..rabbitmq import MAX_PREFETCH
+from ..reading.trigger import TRIGGER_KEYS, TriggerOptions, parse_trigger
+from ..transport.options import CONNECTION_KEYS, ConnectionOptions, parse_connection
 
 __all__ = ["JournalOptions", "QueueDeclaration", "SourceOptions", "parse_source_options"]
 
@@ -69,27 +64,22 @@ class SourceOptions:
     max_delivery_count: int | None = None
 
 
-SOURCE_KEYS = CONNECTION_KEYS | {
-    k.lower(): k
-    for k in (
-        "queue",
-        "prefetch",
-        "maxMessagesPerTrigger",
-        "minMessagesPerTrigger",
-        "maxTriggerDelay",
-        "numPartitions",
-        "declareQueue",
-        "queueDurable",
-        "queueArguments",
-        "bindExchange",
-        "bindingKey",
-        "journalLocation",
-        "journalRetention",
-        "dedupeBy",
-        "exclusiveConsumer",
-        "maxDeliveryCount",
-    )
-}
+SOURCE_KEYS = CONNECTION_KEYS | keyed(
+    "queue",
+    "prefetch",
+    *TRIGGER_KEYS,
+    "numPartitions",
+    "declareQueue",
+    "queueDurable",
+    "queueArguments",
+    "bindExchange",
+    "bindingKey",
+    "journalLocation",
+    "journalRetention",
+    "dedupeBy",
+    "exclusiveConsumer",
+    "maxDeliveryCount",
+)
 
 
 def parse_source_options(options: Mapping[str, str]) -> SourceOptions:

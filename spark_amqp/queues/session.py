@@ -22,11 +22,11 @@ from typing import TypeVar
 from pamqp import commands
 
 from .. import framing
-from ..backoff import Backoff
 from ..client import AmqpClient, ClientChannel, LazyProperties, queue_stats, stats_of
 from ..errors import AmqpProtocolError, AmqpReplyError, AmqpSourceError, NotFound, OtherConsumers, StreamInQueueMode, explain, is_transient
-from ..outage import BrokerOutage, Outage
 from ..reading.stream_consumers import is_stream
+from ..transport.backoff import Backoff
+from ..transport.outage import BrokerOutage, Outage
 from .channel_policy import ChannelPolicy
 from .inbox import AckConfirmed, Delivery, SessionClosed
 from .options import SourceOptions

@@ -9,7 +9,7 @@ larger batches this way. Pure: the clock is passed in.
 
 from __future__ import annotations
 
-from ..options import TriggerOptions
+from .trigger import TriggerOptions
 
 __all__ = ["Admission"]
 

@@ -19,14 +19,15 @@ import itertools
 import json
 import operator
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
 from ..property_columns import STRING_PROPERTIES
 
-if TYPE_CHECKING:  # queue mode's rows, typed only: this layer sits below both modes
-    from ..queues.inbox import Delivery
+# Queue mode's row, as its I/O thread hands deliveries over (queues.inbox.Delivery is one): session, queue,
+# delivery tag, redelivered, exchange, routing key, properties, body.
+QueueRow = tuple[str, str, int, bool, str, str, Any, bytes]
 
 _PROPERTIES_DDL = (
     ", ".join(f"{p} STRING" for p in STRING_PROPERTIES)
@@ -98,8 +99,8 @@ def _property_rows(props: Sequence[Any]) -> Iterator[tuple[Any, ...]]:
     return ((*_PROPERTY_GETTER(p), None) for p in props)
 
 
-def to_record_batch(rows: Sequence[Delivery]) -> pa.RecordBatch:
-    # A Delivery is a tuple: zip transposes the rows in C. Most properties are
+def to_record_batch(rows: Sequence[QueueRow]) -> pa.RecordBatch:
+    # A row is a tuple: zip transposes the rows in C. Most properties are
     # absent, and an all-null column costs nothing to build.
     _, queues, tags, redelivered, exchanges, keys, props, bodies = zip(*rows, strict=True)
     columns = [

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..options import TriggerOptions
+from .trigger import TriggerOptions
 
 __all__ = ["AVAILABLE_NOW_BASES", "default_limit", "limit_terms"]
 

@@ -26,10 +26,10 @@ import pyarrow as pa
 from pamqp import commands, encode, header
 
 from ..errors import AmqpOptionError
-from ..options import MAX_MESSAGE_SIZE_3X, MAX_MESSAGE_SIZE_4X, SinkOptions
 from ..property_columns import INT_PROPERTIES as INT_PROPERTY_COLUMNS
 from ..property_columns import STRING_PROPERTIES as STRING_PROPERTY_COLUMNS
-from ..streams.filtering import FILTER_VALUE_HEADER
+from ..rabbitmq import FILTER_VALUE_HEADER, MAX_MESSAGE_SIZE_3X, MAX_MESSAGE_SIZE_4X
+from .options import SinkOptions
 from .routing import partition_of
 
 SOURCE_ONLY_COLUMNS = ("queue", "delivery_tag", "redelivered", "raw_header", "offset")

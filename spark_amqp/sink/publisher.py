@@ -22,12 +22,12 @@ from typing import Any
 from pamqp import commands
 
 from .. import framing
-from ..backoff import Backoff
 from ..client import AmqpClient, ClientChannel
 from ..errors import AmqpProtocolError, AmqpPublishError, AmqpReplyError, explain, is_transient
-from ..options import SinkOptions
-from ..outage import Outage
+from ..transport.backoff import Backoff
+from ..transport.outage import Outage
 from .columns import Outgoing
+from .options import SinkOptions
 
 log = logging.getLogger("spark_amqp.sink")
 

@@ -34,12 +34,12 @@ from typing import Any, NamedTuple
 
 import pyarrow as pa
 
-from ..options import SinkOptions
+from ..rabbitmq import FILTER_VALUE_HEADER
 from ..stream_protocol import amqp10
 from ..stream_protocol.amqp10_types import Opaque, Symbol, Timestamp
 from ..stream_protocol.rows import Conversion
-from ..streams.filtering import FILTER_VALUE_HEADER
 from .columns import PUBLISHING_ID, MessageBuilder
+from .options import SinkOptions
 from .producers import Producer
 
 __all__ = ["MESSAGE_OVERHEAD", "StreamMessage", "StreamMessageBuilder"]

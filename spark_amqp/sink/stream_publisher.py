@@ -23,13 +23,13 @@ from collections.abc import Callable, Iterable, Iterator
 
 import pyarrow as pa
 
-from ..backoff import Backoff
 from ..errors import AmqpProtocolError, AmqpPublishError, StreamResponseError, explain, is_transient
-from ..options import SinkOptions
-from ..outage import Outage
 from ..stream_protocol.client import StreamClient
+from ..stream_protocol.super_streams import partitions_by_name
 from ..stream_protocol.topology import connect_to_leader, connect_to_leaders
-from ..streams.partitions import MAX_PARTITIONS
+from ..transport.backoff import Backoff
+from ..transport.outage import Outage
+from .options import SinkOptions
 from .producers import Producer
 from .publisher import PublishResult, retry_hint
 from .stream_messages import MESSAGE_OVERHEAD, StreamMessage, StreamMessageBuilder
@@ -41,7 +41,6 @@ log = logging.getLogger("spark_amqp.sink")
 MAX_IN_FLIGHT_BYTES = 64 << 20  # unconfirmed messages are kept to publish again: bound their memory too
 MAX_PUBLISHERS = 256  # a publisher id is one byte: one per partition stream on the task's connection
 _FRAME_HEAD = 13  # size, key, version, publisher id, count
-_NOT_FOUND = 0x02
 
 
 class _Failed(Exception):
@@ -161,17 +160,10 @@ class StreamPartitionPublisher:
 
     async def _partitions(self, client: StreamClient, super_stream: str) -> tuple[str, ...]:
         """``<name>-0``, ``<name>-1``, … up to the first that does not exist: as the AMQP sink finds them."""
-        found: list[str] = []
-        while len(found) < MAX_PARTITIONS:
-            names = [f"{super_stream}-{i}" for i in range(len(found), len(found) + 16)]
-            try:
-                answers = await client.metadata(*names)
-            except AmqpProtocolError as err:
-                raise _Failed(err, super_stream) from None
-            for name in names:
-                if answers.get(name, (_NOT_FOUND, None))[0] == _NOT_FOUND:
-                    return self._checked_partitions(super_stream, found)
-                found.append(name)
+        try:
+            found = await partitions_by_name(client, super_stream)
+        except AmqpProtocolError as err:
+            raise _Failed(err, super_stream) from None
         return self._checked_partitions(super_stream, found)
 
     def _checked_partitions(self, super_stream: str, found: list[str]) -> tuple[str, ...]:

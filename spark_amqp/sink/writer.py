@@ -21,10 +21,10 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamWriter
 from pyspark.sql.types import StructType
 
 from ..client import AmqpClient
+from ..client.super_streams import partitions_of
 from ..errors import AmqpOptionError, AmqpProtocolError, AmqpPublishError, AmqpSourceError, explain
-from ..options import SinkOptions
-from ..streams.partitions import partitions_of
 from .columns import MessageBuilder
+from .options import SinkOptions
 from .producers import task_producer
 from .publisher import PartitionPublisher
 from .stream_publisher import StreamPartitionPublisher

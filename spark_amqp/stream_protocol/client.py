@@ -1,12 +1,13 @@
 """``StreamClient``: one connection in RabbitMQ's stream protocol (port 5552), on asyncio.
 
-As ``spark_amqp.client.AmqpClient`` does for AMQP 0-9-1, the protocol object owns the
+A ``transport.Connection``, as ``spark_amqp.client.AmqpClient`` is for AMQP 0-9-1 (dialing, TLS,
+the SASL login, heartbeats and token renewal are the transport's). The protocol object owns the
 socket: ``data_received`` cuts frames, answers go to the request waiting on their
 correlation id, chunks to their subscription's callback, confirms to their
 publisher's. Every way the connection ends is one exception on ``closed``; a refused
 request raises ``StreamResponseError`` with the broker's response code. A connection
 that logged in with an OAuth 2 token renews it before it expires, with a second
-``SaslAuthenticate`` (``client/login.py``).
+``SaslAuthenticate`` (``transport/renewal.py``).
 """
 
 from __future__ import annotations
@@ -16,19 +17,17 @@ import itertools
 import struct
 from collections.abc import Callable
 
-from ..client.connection import open_within_timeout, parse_version
-from ..client.login import Login, Renewal
-from ..client.tls import lost, peer
 from ..errors import AmqpProtocolError, CallbackFailed, ConnectionLost, HandshakeFailed, StreamResponseError, TokenError
-from ..options import ConnectionOptions
-from ..tokens import Token
+from ..transport.connection import CLOSE_TIMEOUT, Connection, parse_version
+from ..transport.login import Login
+from ..transport.options import ConnectionOptions
+from ..transport.tokens import Token
 from .wire import OK, RESPONSE, Key, Reader, command, frame, map_, string, strings
 
 __all__ = ["OffsetSpec", "StreamClient"]
 
 # What the client asks for in tune; the broker's default frame_max is 1 MiB.
 FRAME_MAX = 1_048_576
-CLOSE_TIMEOUT = 5.0
 _SIZE = struct.Struct(">I")
 _HEAD = struct.Struct(">HH")
 _CORR = struct.Struct(">IH")
@@ -61,22 +60,12 @@ ConfirmHandler = Callable[[list[int]], None]
 ErrorHandler = Callable[[list[tuple[int, int]]], None]
 
 
-class StreamClient(asyncio.Protocol):
+class StreamClient(Connection):
     def __init__(self, loop: asyncio.AbstractEventLoop, options: ConnectionOptions, client_name: str, login: Login | None = None) -> None:
-        self.loop = loop
-        self.options = options
-        self.client_name = client_name
-        self.login = login or Login(options)
-        self.peer = "the broker"  # host:port once connected
-        self.renewal: Renewal | None = None  # with an OAuth 2 token: renews it while the connection is open
-        self.transport: asyncio.Transport | None = None
-        self.closed: asyncio.Future[AmqpProtocolError] = loop.create_future()
+        super().__init__(loop, options, client_name, login)
         self.server_properties: dict[str, str] = {}
         self.connection_properties: dict[str, str] = {}
-        self.server_version: tuple[int, int] | None = None
         self.frame_max = FRAME_MAX
-        self.heartbeat = 0
-        self._tail = b""
         self._correlations = itertools.count(1)
         self._pending: dict[int, tuple[asyncio.Future[Reader], str]] = {}
         self._tuned: asyncio.Future[None] = loop.create_future()
@@ -84,19 +73,12 @@ class StreamClient(asyncio.Protocol):
         self.publishers: dict[int, tuple[ConfirmHandler, ErrorHandler]] = {}
         # METADATA_UPDATE: a stream this connection reads or writes was deleted or lost its leader.
         self.on_metadata_update: Callable[[int, str], None] | None = None
-        self._last_recv = 0.0
-        self._last_sent = 0.0
-        self._timer: asyncio.TimerHandle | None = None
 
-    @classmethod
-    async def connect(cls, options: ConnectionOptions, client_name: str) -> StreamClient:
-        """Connect, authenticate, tune and open the vhost on the first endpoint that lets us (``connectionTimeout``
-        each); nothing stays open on failure."""
-        loop = asyncio.get_running_loop()
-        login = await Login.prepare(options)  # a token is fetched once for the whole walk over the endpoints
-        return await open_within_timeout(options, lambda: cls(loop, options, client_name, login), lambda c: c._handshake())
+    def _heartbeat_frame(self) -> bytes:
+        return frame(Key.HEARTBEAT, 1)
 
-    async def _handshake(self) -> None:
+    async def _open(self) -> None:
+        """Peer properties, SASL, tune and the vhost, as requests and answers."""
         props = {"product": "spark-amqp", "connection_name": self.client_name}
         reply = await self.request(Key.PEER_PROPERTIES, map_(props), "peer properties")
         self.server_properties = reply.map()
@@ -113,9 +95,9 @@ class StreamClient(asyncio.Protocol):
         opened = await self.request(Key.OPEN, string(self.options.vhost), f"vhost '{self.options.vhost}'")
         # 3.11+ say which node this is, as its clients should reach it (stream.advertised_host/port).
         self.connection_properties = {} if opened.at_end else opened.map()
-        if self.login.token is not None:
-            self.renewal = Renewal(self.loop, self.options, self.login.token, self._reauthenticate, self.abort, self.client_name)
-            self.renewal.start()
+        if not self._opened.done():  # else lost meanwhile: its reason stands
+            self._opened.set_result(None)
+        self._renew_token(self._reauthenticate)
 
     async def _authenticate(self, response: str, about: str) -> None:
         # EXTERNAL's response is empty: RabbitMQ takes an empty one (as the Java client sends) and a null one alike.
@@ -127,15 +109,6 @@ class StreamClient(asyncio.Protocol):
         await self._authenticate(self.login.response(token), RENEWAL)
 
     # -- asyncio.Protocol ---------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        self.peer = peer(transport)
-        self._last_recv = self._last_sent = self.loop.time()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._lost(lost(exc, self.peer, self.options.tls))
 
     def data_received(self, data: bytes) -> None:
         self._last_recv = self.loop.time()
@@ -187,10 +160,8 @@ class StreamClient(asyncio.Protocol):
             r = Reader(payload, 4)
             server_frame_max, server_heartbeat = r.u32(), r.u32()
             self.frame_max = min(server_frame_max or FRAME_MAX, FRAME_MAX)
-            self.heartbeat = min(self.options.heartbeat, server_heartbeat) if server_heartbeat else self.options.heartbeat
-            self.write(frame(Key.TUNE, 1, _SIZE.pack(self.frame_max) + _SIZE.pack(self.heartbeat)))
-            if self.heartbeat:
-                self._timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat)
+            heartbeat = self._agree_heartbeat(server_heartbeat)
+            self.write(frame(Key.TUNE, 1, _SIZE.pack(self.frame_max) + _SIZE.pack(heartbeat)))
             if not self._tuned.done():
                 self._tuned.set_result(None)
         elif key == Key.METADATA_UPDATE:
@@ -230,47 +201,17 @@ class StreamClient(asyncio.Protocol):
         else:
             future.set_exception(StreamResponseError(code, about))
 
-    def _heartbeat(self) -> None:
-        if self.transport is None or self.transport.is_closing():
-            return
-        now = self.loop.time()
-        if now - self._last_recv > 2 * self.heartbeat:
-            self.abort(ConnectionLost(f"missed heartbeats from the broker ({self.heartbeat}s)"))
-            return
-        if now - self._last_sent >= self.heartbeat / 2:
-            self.write(frame(Key.HEARTBEAT, 1))
-        self._timer = self.loop.call_later(self.heartbeat / 2, self._heartbeat)
-
-    def _lost(self, reason: AmqpProtocolError) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        if self.renewal is not None:
-            self.renewal.cancel()
+    def _fail_waiting(self, reason: AmqpProtocolError) -> None:
         if not self._tuned.done():
             self._tuned.set_exception(reason)
             self._tuned.exception()
-        if not self.closed.done():
-            self.closed.set_result(reason)
         for future, _about in self._pending.values():
             if not future.done():
                 future.set_exception(reason)
                 future.exception()
         self._pending.clear()
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.close()
 
     # -- API ----------------------------------------------------------------------------
-
-    def write(self, data: bytes) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self._last_sent = self.loop.time()
-            self.transport.write(data)
-
-    def abort(self, reason: AmqpProtocolError) -> None:
-        """Drop the socket at once (no close handshake) and fail every request with ``reason``."""
-        if self.transport is not None:
-            self.transport.abort()
-        self._lost(reason)
 
     async def request(self, key: int, body: bytes, about: str, version: int = 1) -> Reader:
         """Send a request and wait for its response (``connectionTimeout`` at most); its fields after the code."""

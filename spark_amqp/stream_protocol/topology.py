@@ -21,9 +21,9 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..endpoints import Endpoint
 from ..errors import AmqpSourceError, ConnectionLost, StreamResponseError
-from ..options import ConnectionOptions
+from ..transport.endpoints import Endpoint
+from ..transport.options import ConnectionOptions
 from .client import StreamClient
 from .wire import OK, Key, strings
 

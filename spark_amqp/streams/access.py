@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..client import AmqpClient
-from ..options import ConnectionOptions
+from ..client.super_streams import partitions_of
 from ..stream_protocol.client import StreamClient
+from ..transport.options import ConnectionOptions
 from . import filtering, probe, protocol_probe
-from .partitions import partitions_of
 from .protocol_tails import ProtocolTailWatch
 from .tails import TailWatch
 

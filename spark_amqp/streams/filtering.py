@@ -18,11 +18,11 @@ from typing import Any
 
 from ..client.properties import LazyProperties
 from ..errors import AmqpSourceError
+from ..rabbitmq import FILTER_VALUE_HEADER
 from .options import StreamSourceOptions
 
-__all__ = ["FILTER_VALUE_HEADER", "MIN_VERSION", "RowFilter", "consumer_arguments", "require"]
+__all__ = ["MIN_VERSION", "RowFilter", "consumer_arguments", "require"]
 
-FILTER_VALUE_HEADER = "x-stream-filter-value"
 MIN_VERSION = (3, 13)
 
 

@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..errors import AmqpOptionError
-from ..option_reader import OptionReader
-from ..options import CONNECTION_KEYS, MAX_PREFETCH, ConnectionOptions, TriggerOptions, parse_connection, parse_trigger
+from ..option_reader import OptionReader, keyed
+from ..rabbitmq import MAX_PREFETCH
+from ..reading.trigger import TRIGGER_KEYS, TriggerOptions, parse_trigger
+from ..transport.options import CONNECTION_KEYS, ConnectionOptions, parse_connection
 
 __all__ = ["STARTS", "At", "End", "Start", "StreamSourceOptions", "is_stream_mode", "parse_stream_options"]
 
@@ -36,29 +38,22 @@ End = str | int | At  # "latest" (the end when the read is planned), an offset (
 DEFAULT_MIN_PARTITION_SIZE = 50_000
 DEFAULT_STREAM_PREFETCH = 2_000
 
-STREAM_KEYS = CONNECTION_KEYS | {
-    k.lower(): k
-    for k in (
-        "stream",
-        "superStream",
-        "superStreamPartitions",
-        "startingOffsets",
-        "startingTimestamp",
-        "startingOffsetsByTimestamp",
-        "endingOffsets",
-        "endingTimestamp",
-        "endingOffsetsByTimestamp",
-        "failOnDataLoss",
-        "maxMessagesPerTrigger",
-        "minMessagesPerTrigger",
-        "maxTriggerDelay",
-        "numPartitions",
-        "minPartitionSize",
-        "prefetch",
-        "filter",
-        "filterMatchUnfiltered",
-    )
-}
+STREAM_KEYS = CONNECTION_KEYS | keyed(
+    "stream",
+    "superStream",
+    "superStreamPartitions",
+    "startingOffsets",
+    "startingTimestamp",
+    "startingOffsetsByTimestamp",
+    *ENDING_KEYS,
+    "failOnDataLoss",
+    *TRIGGER_KEYS,
+    "numPartitions",
+    "minPartitionSize",
+    "prefetch",
+    "filter",
+    "filterMatchUnfiltered",
+)
 # Queue-mode options, with why they do not apply to streams.
 QUEUE_ONLY = {
     "queue": "options 'queue' and 'stream' exclude each other: 'queue' reads classic or quorum queues, 'stream' reads stream queues",

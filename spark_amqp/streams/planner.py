@@ -13,11 +13,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..backoff import Backoff
 from ..client.blocking import BlockingClient
 from ..errors import AmqpOptionError, AmqpSourceError, BrokerUnreachable
-from ..outage import Outage
 from ..reading.admission import Admission
+from ..transport.backoff import Backoff
+from ..transport.outage import Outage
 from .access import access_for
 from .identity import Identities
 from .offset import UNSET, StreamOffset

@@ -34,8 +34,8 @@ from pamqp import commands
 from .. import framing
 from ..client import AmqpClient
 from ..client.properties import LazyProperties
+from ..rabbitmq import FILTER_VALUE_HEADER
 from ..reading.stream_consumers import consume, not_a_stream, stream_offset
-from .filtering import FILTER_VALUE_HEADER
 
 __all__ = ["EMPTY_WAIT", "filter_value_at", "head", "message_at", "offset_at", "tail"]
 

@@ -21,13 +21,13 @@ import asyncio
 from typing import Any
 
 from ..errors import AmqpSourceError, StreamResponseError
+from ..rabbitmq import FILTER_VALUE_HEADER
 from ..stream_protocol import chunks
 from ..stream_protocol.client import OffsetSpec, StreamClient
 from ..stream_protocol.rows import Conversion, RowMaker
+from ..stream_protocol.super_streams import STREAM_DOES_NOT_EXIST, partitions_by_name
 from ..stream_protocol.topology import STREAM_NOT_AVAILABLE, member_client
 from ..stream_protocol.wire import OK
-from .filtering import FILTER_VALUE_HEADER
-from .partitions import MAX_PARTITIONS
 from .probe import EMPTY_WAIT
 
 __all__ = [
@@ -46,7 +46,6 @@ __all__ = [
 
 STATS_SINCE = (3, 11)
 MAX_SUBSCRIPTIONS = 256  # a subscription id is one byte
-STREAM_DOES_NOT_EXIST = 0x02
 _AT_OFFSET, _AT_TIMESTAMP = OffsetSpec.offset(0)[0], OffsetSpec.timestamp(0)[0]
 
 
@@ -192,24 +191,10 @@ async def partitions_of(client: StreamClient, super_stream: str) -> tuple[str, .
                 raise
             found = []
     else:
-        found = await _by_name(client, super_stream)
+        found = await partitions_by_name(client, super_stream)
     if not found:
         raise AmqpSourceError(
             f"super stream '{super_stream}' does not exist. Declare it (rabbitmq-streams add_super_stream), or give its "
             "partitions' names with option 'stream'"
         )
     return tuple(found)
-
-
-async def _by_name(client: StreamClient, super_stream: str) -> list[str]:
-    """RabbitMQ 3.10 never answers ``partitions`` for a super stream that does not exist: there, as over
-    AMQP 0-9-1, the partitions are the run of streams ``NAME-0``, ``NAME-1``... up to the first missing."""
-    found: list[str] = []
-    while len(found) < MAX_PARTITIONS:
-        names = [f"{super_stream}-{i}" for i in range(len(found), len(found) + 100)]
-        known = await client.metadata(*names)
-        for name in names:
-            if known.get(name, (STREAM_DOES_NOT_EXIST, None))[0] != OK:
-                return found
-            found.append(name)
-    return found

@@ -17,9 +17,9 @@ import asyncio
 import logging
 from typing import Any
 
-from ..backoff import Backoff
 from ..errors import AmqpSourceError, ConnectionLost, InternalError, explain, is_transient
-from ..outage import Outage
+from ..transport.backoff import Backoff
+from ..transport.outage import Outage
 from . import filtering
 from .access import access_for
 from .options import StreamSourceOptions

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from spark_amqp.option_reader import OptionReader
-from spark_amqp.options import CONNECTION_KEYS, ConnectionOptions, parse_connection
+from spark_amqp.transport.options import CONNECTION_KEYS, ConnectionOptions, parse_connection
 
 from .. import brokers
 

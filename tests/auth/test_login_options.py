@@ -9,8 +9,8 @@ import re
 import pytest
 
 from spark_amqp.errors import AmqpOptionError
-from spark_amqp.options import parse_sink_options
 from spark_amqp.queues.options import parse_source_options
+from spark_amqp.sink.options import parse_sink_options
 
 from .conftest import MadeCertificate
 from .helpers import options

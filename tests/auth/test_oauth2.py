@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from spark_amqp import tokens
 from spark_amqp.client.connection import AmqpClient
 from spark_amqp.errors import AmqpProtocolError, ConnectionForced, ConnectionLost, TokenError, explain, is_transient
 from spark_amqp.stream_protocol.client import StreamClient
+from spark_amqp.transport import tokens
 
 from . import provider
 from .helpers import CLIENT_SECRET, TokenServer, connections, oauth_node, options, signer, unique

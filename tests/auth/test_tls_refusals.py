@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from spark_amqp.auth_options import TlsOptions
 from spark_amqp.client.blocking import BlockingClient
 from spark_amqp.client.connection import AmqpClient
-from spark_amqp.client.tls import CERTIFICATE_ALERTS, handshake_failure, lost
 from spark_amqp.errors import AmqpOptionError, AmqpSourceError, ConnectionLost, HandshakeFailed, is_transient
 from spark_amqp.stream_protocol.client import StreamClient
+from spark_amqp.transport.auth_options import TlsOptions
+from spark_amqp.transport.tls import CERTIFICATE_ALERTS, handshake_failure, lost
 
 from .helpers import cert, connections, options, tls_node, unique
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from spark_amqp import tokens
-from spark_amqp.auth_options import OAuth2Options
-from spark_amqp.client.login import Renewal
 from spark_amqp.errors import AmqpProtocolError, TokenError, TokenUnavailable, explain, is_transient
-from spark_amqp.tokens import Token, renew_at
+from spark_amqp.transport import tokens
+from spark_amqp.transport.auth_options import OAuth2Options
+from spark_amqp.transport.renewal import Renewal
+from spark_amqp.transport.tokens import Token, renew_at
 
 from .helpers import CLIENT_SECRET, TokenServer, options
 
@@ -214,8 +214,8 @@ def test_renewal_hands_each_new_token_to_the_connection_before_expiry() -> None:
 
 
 def test_renewal_retries_an_unreachable_endpoint_until_shortly_before_expiry(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("spark_amqp.client.login.RETRY_DELAY", 0.3)
-    monkeypatch.setattr("spark_amqp.client.login.EXPIRY_MARGIN", 0.5)
+    monkeypatch.setattr("spark_amqp.transport.renewal.RETRY_DELAY", 0.3)
+    monkeypatch.setattr("spark_amqp.transport.renewal.EXPIRY_MARGIN", 0.5)
 
     async def scenario() -> list[AmqpProtocolError]:
         with TokenServer(opaque, lifetime=3) as server:

@@ -14,17 +14,17 @@ from typing import Any
 import pika
 import pytest
 
-from spark_amqp import endpoints
 from spark_amqp.client import AmqpClient
-from spark_amqp.endpoints import EndpointOrder
 from spark_amqp.errors import ConnectionForced, is_transient
 from spark_amqp.option_reader import OptionReader
-from spark_amqp.options import ConnectionOptions, parse_connection
 from spark_amqp.stream_protocol.client import StreamClient
 from spark_amqp.streams.options import parse_stream_options
 from spark_amqp.streams.planner import StreamPlanner
 from spark_amqp.streams.range_reader import read_range
 from spark_amqp.streams.ranges import StreamRange
+from spark_amqp.transport import endpoints
+from spark_amqp.transport.endpoints import EndpointOrder
+from spark_amqp.transport.options import ConnectionOptions, parse_connection
 
 from ..conftest import Listed
 from .conftest import Cluster, hosts_of, with_hosts

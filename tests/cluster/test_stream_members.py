@@ -15,7 +15,7 @@ import pika
 import pyarrow as pa
 import pytest
 
-from spark_amqp.options import ConnectionOptions, parse_sink_options
+from spark_amqp.sink.options import parse_sink_options
 from spark_amqp.sink.producers import producer_for
 from spark_amqp.sink.routing import partition_of
 from spark_amqp.sink.stream_publisher import StreamPartitionPublisher
@@ -25,6 +25,7 @@ from spark_amqp.streams.options import parse_stream_options
 from spark_amqp.streams.planner import StreamPlanner
 from spark_amqp.streams.range_reader import read_range
 from spark_amqp.streams.ranges import StreamRange
+from spark_amqp.transport.options import ConnectionOptions
 
 from .conftest import Cluster, _tool, hosts_of, with_hosts
 

@@ -10,8 +10,8 @@ import pytest
 
 from spark_amqp.broker import EmbeddedBroker
 from spark_amqp.errors import AmqpOptionError, AmqpPublishError
-from spark_amqp.options import parse_sink_options
 from spark_amqp.sink.columns import MessageBuilder
+from spark_amqp.sink.options import parse_sink_options
 from spark_amqp.sink.publisher import PartitionPublisher
 from spark_amqp.sink.writer import connected
 

@@ -7,8 +7,8 @@ import pytest
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
 from spark_amqp.errors import AmqpOptionError, AmqpPublishError
-from spark_amqp.options import parse_sink_options
 from spark_amqp.sink.columns import check_schema
+from spark_amqp.sink.options import parse_sink_options
 from spark_amqp.sink.routing import murmur3_32, partition_of
 from spark_amqp.streams.batch import StreamBatchReader
 from spark_amqp.streams.options import parse_stream_options

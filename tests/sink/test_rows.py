@@ -8,8 +8,8 @@ from pamqp import commands, header
 from pyspark.sql import Row
 from pyspark.sql.types import BinaryType, IntegerType, MapType, StringType, StructField, StructType, TimestampType
 
-from spark_amqp.options import parse_sink_options
 from spark_amqp.sink.columns import MessageBuilder
+from spark_amqp.sink.options import parse_sink_options
 from spark_amqp.sink.writer import _rows_to_batches, arrow_schema
 
 SCHEMA = StructType(

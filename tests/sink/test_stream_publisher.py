@@ -16,8 +16,8 @@ import pytest
 
 from spark_amqp.broker import EmbeddedBroker
 from spark_amqp.errors import AmqpOptionError, AmqpPublishError, StreamResponseError
-from spark_amqp.options import parse_sink_options
 from spark_amqp.sink.columns import MessageBuilder
+from spark_amqp.sink.options import parse_sink_options
 from spark_amqp.sink.producers import Producer, producer_for
 from spark_amqp.sink.publisher import PartitionPublisher, PublishResult
 from spark_amqp.sink.routing import partition_of
@@ -220,7 +220,7 @@ def _drop_after(monkeypatch: pytest.MonkeyPatch, confirms: int, times: int = 1) 
 def test_a_dropped_connection_is_reconnected_and_every_row_stored_once(
     stream_node: Node, stream: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("spark_amqp.backoff.FIRST", 0.01)
+    monkeypatch.setattr("spark_amqp.transport.backoff.FIRST", 0.01)
     dropped = _drop_after(monkeypatch, 1000, times=2)
     n = 5000
     done = _publish(

@@ -16,7 +16,7 @@ import pytest
 
 from spark_amqp.broker import EmbeddedBroker
 from spark_amqp.option_reader import OptionReader
-from spark_amqp.options import ConnectionOptions, parse_connection
+from spark_amqp.transport.options import ConnectionOptions, parse_connection
 from tests.brokers import REAL
 
 STREAM_BROKERS = dict(item.partition("=")[::2] for item in os.environ.get("AMQP_TEST_STREAM_BROKERS", "").split())

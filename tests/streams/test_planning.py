@@ -7,9 +7,9 @@ import itertools
 import pytest
 
 from spark_amqp.errors import AmqpOptionError, AmqpSourceError
-from spark_amqp.options import TriggerOptions
 from spark_amqp.queues.options import parse_source_options
 from spark_amqp.reading.admission import Admission
+from spark_amqp.reading.trigger import TriggerOptions
 from spark_amqp.streams.offset import UNSET, StreamOffset
 from spark_amqp.streams.options import At, is_stream_mode, parse_stream_options
 from spark_amqp.streams.ranges import StreamRange, judge_gap, limit_ends, split

@@ -32,8 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import TokenError, TokenUnavailable
 from .auth_options import OAuth2Options
-from .errors import TokenError, TokenUnavailable
 
 __all__ = ["Token", "current", "fetch", "renew_at"]
 

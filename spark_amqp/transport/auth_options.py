@@ -15,8 +15,9 @@ import ssl
 import urllib.parse
 from dataclasses import dataclass, field
 
-from .errors import AmqpOptionError
-from .option_reader import OptionReader
+from ..errors import AmqpOptionError
+from ..option_reader import OptionReader
+from .certificates import certificate_user
 
 __all__ = [
     "LOGIN_KEYS",
@@ -25,8 +26,6 @@ __all__ = [
     "Credentials",
     "OAuth2Options",
     "TlsOptions",
-    "certificate_subject",
-    "certificate_user",
     "load_client_certificate",
     "parse_login",
     "parse_tls",
@@ -41,7 +40,6 @@ LOGIN_KEYS = ("authMechanism", *OAUTH2_KEYS)
 # package.module:function (a dotted attribute path after the colon too, e.g. module:Class.method)
 _PROVIDER = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 _SERVER_NAME = re.compile(r"[\w.-]+")
-_ABBREVIATIONS = {"commonName": "CN", "organizationName": "O", "organizationalUnitName": "OU", "countryName": "C"}
 
 
 @dataclass(frozen=True)
@@ -245,23 +243,3 @@ def shown_endpoint(endpoint: str) -> str:
         return "<not a url>"
     host = f"[{host}]" if ":" in host else host
     return f"{parts.scheme}://{host}{port}{parts.path}" if parts.scheme else "<not a url>"
-
-
-def certificate_subject(path: str) -> str | None:
-    """The subject of the certificate in ``path`` (``O=acme, CN=etl``), or None when it cannot be read."""
-    try:
-        decoded = ssl._ssl._test_decode_cert(path)  # type: ignore[attr-defined]  # CPython's own PEM reader
-        names = [(k, v) for rdn in decoded.get("subject", ()) for k, v in rdn]
-    except (AttributeError, OSError, ssl.SSLError, TypeError, ValueError):
-        return None
-    return ", ".join(f"{_ABBREVIATIONS.get(k, k)}={v}" for k, v in names) or None
-
-
-def certificate_user(path: str) -> str:
-    """Who an EXTERNAL login is, for messages: the certificate's CN (RabbitMQ's ssl_cert_login_from =
-    common_name), else its whole subject (distinguished_name, RabbitMQ's default)."""
-    subject = certificate_subject(path)
-    if subject is None:
-        return "the client certificate's subject"
-    common = [part[3:] for part in subject.split(", ") if part.startswith("CN=")]
-    return common[-1] if common else subject

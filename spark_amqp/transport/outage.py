@@ -14,7 +14,7 @@ import datetime
 import time
 from typing import Any
 
-from .errors import AllEndpointsFailed, AmqpSourceError
+from ..errors import AllEndpointsFailed, AmqpSourceError
 
 __all__ = ["BrokerOutage", "Outage"]
 

@@ -20,10 +20,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar, cast
 
-from .. import endpoints as endpoint_order
-from ..endpoints import Endpoint
 from ..errors import AllEndpointsFailed, AmqpProtocolError, ConnectionLost, is_transient
-from ..options import ConnectionOptions
+from . import endpoints as endpoint_order
+from .endpoints import Endpoint
+from .options import ConnectionOptions
 from .tls import handshake_failure, tls_context
 
 __all__ = ["Failure", "open_within_timeout", "tls_context", "walk"]

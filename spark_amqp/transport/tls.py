@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import ssl
 
-from ..auth_options import load_client_certificate
 from ..errors import AmqpOptionError, AmqpProtocolError, ConnectionLost, HandshakeFailed
-from ..options import ConnectionOptions, TlsOptions
+from .auth_options import load_client_certificate
+from .options import ConnectionOptions, TlsOptions
 
 __all__ = ["handshake_failure", "lost", "peer", "tls_context"]
 

@@ -4,7 +4,7 @@ A cluster is named in one uri, ``amqp://user@host1:5672,host2:5672,host3/vhost``
 clients take a list of addresses. Each connection walks the endpoints in a fresh random order,
 as RabbitMQ's Java client shuffles its address list for every connection: connections spread over
 the nodes, and a reconnect after a node went away most likely tries another one first. Pure (no
-sockets); the walk itself is in ``client/dial.py``.
+sockets); the walk itself is in ``dial.py``.
 """
 
 from __future__ import annotations
