@@ -11,6 +11,19 @@ JARS_DIR := .cache/jars
 JARS_STAMP := $(JARS_DIR)/.stamp
 # The other PySpark lines the Spark tests run on (.venv is the pinned one, conf/constraints.txt).
 PYSPARK_LINES := 4.0 4.1 4.2
+# The Python a line's venv is made with: 4.0 on 3.12, Databricks Runtime 17.x's pair, where the machine has a
+# CPython 3.12 (pyenv's; no package registry serves one); the others on $(PYTHON).
+PYTHON_4.0 ?= $(or $(wildcard $(shell pyenv prefix 3.12 2>/dev/null)/bin/python3.12),$(PYTHON))
+# The 4.0 line also pins the lowest versions the package declares (conf/constraints-pyspark4.0.txt): there the
+# tests without Spark run too.
+LOWEST_LINE := 4.0
+# CPython 3.13, Debian 13's, in a chroot (tools/python3.13): the tests without Spark and the Spark tests on
+# the pinned PySpark, on the embedded broker.
+PY313_VENV := .venv-python3.13
+# Every variable that points the tests at a real broker: unset, the embedded broker serves them all.
+AMQP_TEST_VARS := AMQP_TEST_BROKERS AMQP_TEST_URL AMQP_TEST_DENYING_URL AMQP_TEST_STREAM_BROKERS AMQP_TEST_CLUSTER_URL \
+	AMQP_TEST_CLUSTER_STREAM_URL AMQP_TEST_TLS_URL AMQP_TEST_TLS_STREAM_URL AMQP_TEST_TLS_DIR AMQP_TEST_OAUTH_URL AMQP_TEST_OAUTH_STREAM_URL
+EMBEDDED_ONLY := env $(AMQP_TEST_VARS:%=-u %)
 # The newest PySpark line Delta Lake is built for (conf/delta/pom.xml): the tests marked `delta`,
 # the demo and the Delta benchmarks run in its venv, where the wheel is installed as a user would.
 DELTA_LINE := 4.2
@@ -19,6 +32,9 @@ DELTA_PY := $(DELTA_VENV)/bin/python
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 WHEEL := dist/spark_amqp-$(VERSION)-py3-none-any.whl
 SOURCES := pyproject.toml README.md pyspark_amqp.py $(shell find spark_amqp -name '*.py' -o -name py.typed)
+# The embedded broker, a distribution of its own (broker/): tests, the demo and users' own tests install it.
+BROKER_WHEEL := dist/spark_amqp_broker-$(VERSION)-py3-none-any.whl
+BROKER_SOURCES := broker/pyproject.toml broker/README.md $(shell find broker/spark_amqp_broker -name '*.py' -o -name py.typed)
 # `make broker` listens here, not on 5672, so it never collides with a local RabbitMQ.
 BROKER_PORT ?= 5673
 # Processes the tests without Spark are spread over (they mostly wait on brokers).
@@ -29,41 +45,48 @@ PERFTEST_STAMP := $(PERFTEST_DIR)/.stamp
 STREAMCLIENT_DIR := .cache/stream-client
 STREAMCLIENT_STAMP := $(STREAMCLIENT_DIR)/.stamp
 STREAMCLIENT_CLASS := $(STREAMCLIENT_DIR)/classes/StreamConsume.class
+INTEROP_CLASS := $(STREAMCLIENT_DIR)/classes/StreamInterop.class
 
-.PHONY: install jars perftest streamclient wheel test test-matrix $(PYSPARK_LINES:%=test-pyspark%) lint demo bench broker rabbitmq clean
+.PHONY: install jars perftest streamclient wheel test test-matrix $(PYSPARK_LINES:%=test-pyspark%) test-python3.13 lint demo bench broker rabbitmq clean
 
-$(STAMP): pyproject.toml conf/constraints.txt
+$(STAMP): pyproject.toml broker/pyproject.toml conf/constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c conf/constraints.txt -e ".[test]"
+	$(PY) -m pip install --quiet -c conf/constraints.txt -e ".[test]" -e ./broker
 	touch $(STAMP)
 
 install: $(STAMP)
 
-## The wheel users install (pip's standard PEP 517 build).
+## The wheel users install (pip's standard PEP 517 build), and the embedded broker's for their tests.
 $(WHEEL): $(STAMP) $(SOURCES)
 	rm -rf build
 	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist .
+	rm -rf build
 
-wheel: $(WHEEL)
+$(BROKER_WHEEL): $(STAMP) $(BROKER_SOURCES)
+	rm -rf broker/build
+	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist ./broker
+	rm -rf broker/build
+
+wheel: $(WHEEL) $(BROKER_WHEEL)
 
 ## A venv per PySpark line: first an "existing PySpark environment" from its constraints
 ## file, then the wheel installed into it as a user would, which must leave PySpark as it
 ## was. A wheel (not an editable install) is what Spark's workers and its module scan see.
 .venv-pyspark%/.pyspark: conf/constraints-pyspark%.txt
 	rm -rf .venv-pyspark$*
-	$(PYTHON) -m venv .venv-pyspark$*
+	$(or $(PYTHON_$*),$(PYTHON)) -m venv .venv-pyspark$*
 	.venv-pyspark$*/bin/python -m pip install --quiet --upgrade pip
-	.venv-pyspark$*/bin/python -m pip install --quiet -c $< "pyspark[connect]" pika pytest pytest-timeout
+	.venv-pyspark$*/bin/python -m pip install --quiet -c $< "pyspark[connect]" pika pytest pytest-timeout pytest-xdist
 	touch $@
 
 # Stamps, not intermediates: make must not delete them (and rebuild the venv) after a run.
 .PRECIOUS: .venv-pyspark%/.pyspark .venv-pyspark%/.wheel
 
-.venv-pyspark%/.wheel: .venv-pyspark%/.pyspark $(WHEEL)
+.venv-pyspark%/.wheel: .venv-pyspark%/.pyspark $(WHEEL) $(BROKER_WHEEL)
 	@before=$$(.venv-pyspark$*/bin/python -m pip show pyspark | sed -n 's/^Version: //p'); \
-	.venv-pyspark$*/bin/python -m pip install --quiet $(WHEEL) && \
-	.venv-pyspark$*/bin/python -m pip install --quiet --no-deps --force-reinstall $(WHEEL) && \
+	.venv-pyspark$*/bin/python -m pip install --quiet -c conf/constraints-pyspark$*.txt $(WHEEL) $(BROKER_WHEEL) && \
+	.venv-pyspark$*/bin/python -m pip install --quiet --no-deps --force-reinstall $(WHEEL) $(BROKER_WHEEL) && \
 	after=$$(.venv-pyspark$*/bin/python -m pip show pyspark | sed -n 's/^Version: //p'); \
 	echo "$(WHEEL) installed into .venv-pyspark$*: PySpark $$before before, $$after after"; \
 	test "$$before" = "$$after"
@@ -102,13 +125,19 @@ $(STREAMCLIENT_CLASS): benchmarks/java/StreamConsume.java $(STREAMCLIENT_STAMP)
 	mkdir -p $(STREAMCLIENT_DIR)/classes
 	javac -nowarn -d $(STREAMCLIENT_DIR)/classes -cp '$(STREAMCLIENT_DIR)/*' $<
 
-streamclient: $(STREAMCLIENT_CLASS)
+## tests/java/StreamInterop.java: the Java client's side of tests/stream_protocol/test_java_interop.py (each
+## compression codec written by one client and read by the other).
+$(INTEROP_CLASS): tests/java/StreamInterop.java $(STREAMCLIENT_STAMP)
+	mkdir -p $(STREAMCLIENT_DIR)/classes
+	javac -nowarn -d $(STREAMCLIENT_DIR)/classes -cp '$(STREAMCLIENT_DIR)/*' $<
+
+streamclient: $(STREAMCLIENT_CLASS) $(INTEROP_CLASS)
 
 ## Run the test suite: the embedded broker always; real RabbitMQ too when AMQP_TEST_BROKERS (or
 ## AMQP_TEST_URL) is set. The tests without Spark run in TEST_WORKERS processes, then the Spark
 ## tests in one (they share one SparkSession) on the pinned PySpark, then the tests that need
 ## Delta on the Delta line's venv.
-test: $(STAMP) $(JARS_STAMP) $(DELTA_VENV)/.wheel
+test: $(STAMP) $(JARS_STAMP) $(DELTA_VENV)/.wheel $(INTEROP_CLASS)
 	$(PY) -m pytest -m "not spark" -n $(TEST_WORKERS) $(PYTEST_ARGS)
 	$(PY) -m pytest -m "spark and not delta" --durations=15 $(PYTEST_ARGS)
 	$(DELTA_PY) -m pytest -m "spark and delta" --durations=5 $(PYTEST_ARGS)
@@ -122,16 +151,31 @@ rabbitmq:
 
 ## The Spark tests on another PySpark line (tests marked `delta` run in `make test` on the Delta line, `pinned` on the
 ## pinned line only), on the embedded broker: what differs between PySpark lines does not depend on the RabbitMQ line.
+## On the lowest line, the tests without Spark too: they exercise the lowest pyarrow and pamqp the most.
 $(PYSPARK_LINES:%=test-pyspark%): test-pyspark%: .venv-pyspark%/.wheel
-	env -u AMQP_TEST_BROKERS -u AMQP_TEST_URL -u AMQP_TEST_CLUSTER_URL -u AMQP_TEST_CLUSTER_STREAM_URL -u AMQP_TEST_TLS_URL -u AMQP_TEST_TLS_STREAM_URL -u AMQP_TEST_TLS_DIR -u AMQP_TEST_OAUTH_URL -u AMQP_TEST_OAUTH_STREAM_URL .venv-pyspark$*/bin/python -m pytest tests/spark -m "spark and not delta and not pinned" $(PYTEST_ARGS)
+	@echo "PySpark $* on $$(.venv-pyspark$*/bin/python --version), pyarrow $$(.venv-pyspark$*/bin/python -c 'import pyarrow; print(pyarrow.__version__)')"
+	$(if $(filter $*,$(LOWEST_LINE)),$(EMBEDDED_ONLY) .venv-pyspark$*/bin/python -m pytest -m "not spark" -n $(TEST_WORKERS) -p no:cacheprovider $(PYTEST_ARGS))
+	$(EMBEDDED_ONLY) .venv-pyspark$*/bin/python -m pytest tests/spark -m "spark and not delta and not pinned" -p no:cacheprovider $(PYTEST_ARGS)
 
 ## The Spark tests on every other PySpark line; `make test` covers the pinned one.
 test-matrix: $(PYSPARK_LINES:%=test-pyspark%)
+
+## CPython 3.13 (tools/python3.13: Debian 13's, in a chroot; the checkout is bind-mounted at the same path).
+$(PY313_VENV)/.installed: pyproject.toml broker/pyproject.toml conf/constraints.txt tools/python3.13
+	tools/python3.13 install
+	tools/python3.13 run "rm -rf $(PY313_VENV) && python3.13 -m venv $(PY313_VENV) && $(PY313_VENV)/bin/python -m pip install --quiet --upgrade pip && $(PY313_VENV)/bin/python -m pip install --quiet -c conf/constraints.txt -e '.[test]' -e ./broker"
+	touch $@
+
+## The tests without Spark and the Spark tests on the pinned PySpark, on CPython 3.13 (the embedded broker:
+## tools/python3.13 passes no AMQP_TEST_* variable into the chroot).
+test-python3.13: $(PY313_VENV)/.installed
+	tools/python3.13 run "$(PY313_VENV)/bin/python --version && $(PY313_VENV)/bin/python -m pytest -m 'not spark' -n $(TEST_WORKERS) -p no:cacheprovider $(PYTEST_ARGS) && $(PY313_VENV)/bin/python -m pytest tests/spark -m 'spark and not delta and not pinned' -p no:cacheprovider $(PYTEST_ARGS)"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 ## The main job: embedded broker -> streaming source -> Delta table (exactly once), with progress and a summary,
 ## on the Delta line's PySpark (no Delta Lake is built for PySpark 4.3 yet).
@@ -140,7 +184,7 @@ demo: $(JARS_STAMP) $(DELTA_VENV)/.wheel
 
 ## Start a standalone embedded broker on 127.0.0.1:$(BROKER_PORT) (not RabbitMQ's 5672).
 broker: $(STAMP)
-	$(PY) -m spark_amqp.broker --port $(BROKER_PORT)
+	$(PY) -m spark_amqp_broker --port $(BROKER_PORT)
 
 ## The stream benchmark needs RabbitMQ (stream queues): it runs only when AMQP_TEST_URL is set.
 bench: $(STAMP) $(JARS_STAMP) $(PERFTEST_STAMP) $(DELTA_VENV)/.wheel
@@ -148,8 +192,9 @@ bench: $(STAMP) $(JARS_STAMP) $(PERFTEST_STAMP) $(DELTA_VENV)/.wheel
 	$(PY) benchmarks/source_throughput.py
 	$(DELTA_PY) benchmarks/source_throughput.py --sinks noop,delta,noop,delta --journal-pairs 2
 	$(PY) benchmarks/sink_throughput.py
+	$(PY) benchmarks/amqp_client.py
 	@if [ -n "$$AMQP_TEST_URL" ]; then echo "$(PY) benchmarks/stream_throughput.py"; $(PY) benchmarks/stream_throughput.py; \
 	else echo "benchmarks/stream_throughput.py skipped: it needs RabbitMQ with stream queues in AMQP_TEST_URL"; fi
 
 clean:
-	rm -rf $(VENV) $(PYSPARK_LINES:%=.venv-pyspark%) build dist .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(PY313_VENV) $(PYSPARK_LINES:%=.venv-pyspark%) build broker/build dist .pytest_cache .mypy_cache .ruff_cache

@@ -136,7 +136,7 @@ def embedded_broker_process() -> Iterator[tuple[str, int]]:
     """The embedded broker in a process of its own, as RabbitMQ would be: (url, pid)."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "spark_amqp.broker", "--port", str(port)],
+        [sys.executable, "-m", "spark_amqp_broker", "--port", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},

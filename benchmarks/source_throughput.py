@@ -23,6 +23,11 @@ baseline client) from /proc, and the median time of each phase of a steady batch
 progress (latestOffset: the source's planning, waiting for deliveries included; walCommit and
 commitOffsets: Spark's offset and commit logs; addBatch: the tasks and the sink).
 
+Delta, not the source, sets the pace into Delta: after each ``delta`` run, Spark's own
+``rate-micro-batch`` source (no connector at all) writes the same number of rows into Delta at the
+same batch size (a 200-byte binary column beside its own two), and the run prints source -> Delta
+against rate-micro-batch -> Delta, the ceiling, as well as against source -> noop.
+
 ``--journal-pairs N`` adds N pairs of Delta runs without and with ``journalLocation`` in ABBA order
 (Delta keeps getting faster as the JVM warms up): the journal's cost is the ratio of their medians.
 ``--backlog N`` reads a backlog of N messages and samples the source runner's resident memory,
@@ -141,6 +146,31 @@ def stream_once(spark, url: str, queue: str, sink: str, options: dict[str, str],
     return Run(log, wall, cpu)
 
 
+def rate_to_delta(spark, rows: int, per_batch: int, workdir: str) -> Run:  # type: ignore[no-untyped-def]
+    """Spark's rate-micro-batch source into Delta, ``per_batch`` rows a batch, until ``rows`` are written: no connector."""
+    run = f"rate-{time.monotonic_ns()}"
+    frame = (
+        spark.readStream.format("rate-micro-batch")
+        .option("rowsPerBatch", per_batch)
+        .option("numPartitions", 2)
+        .load()
+        .selectExpr(f"CAST(repeat('x', {len(BODY)}) AS BINARY) AS body", "value", "timestamp")
+    )
+    writer = frame.writeStream.format("delta").option("path", os.path.join(workdir, f"out-{run}"))
+    writer = writer.option("checkpointLocation", os.path.join(workdir, f"ckpt-{run}"))
+    with CpuMeter() as cpu:
+        start = time.perf_counter()
+        query = writer.start()
+        log = BatchLog(query)
+        while log.rows < rows and query.isActive:
+            time.sleep(0.2)  # a benchmark's poll of the progress, not a test's wait
+        wall = time.perf_counter() - start
+        query.stop()
+    if query.exception() is not None:
+        raise RuntimeError(query.exception())
+    return Run(log, wall, cpu)
+
+
 def preload(url: str, queue: str, count: int) -> None:
     pb.declare(url, queue)
     pb.publish_async(url, queue, count, BODY, window=2000)
@@ -253,9 +283,23 @@ def main() -> None:
                     f"    {run.where()}\n    {run.cpu.summary(run.rows)}",
                     flush=True,
                 )
+                if sink == "delta":
+                    ceiling = rate_to_delta(spark, args.messages, batch, workdir)
+                    steady.setdefault("rate", []).append(ceiling.steady)
+                    print(
+                        f"rate-micro-batch -> delta ({batch} rows a batch, no connector): steady {ceiling.steady:7,.0f} rows/s; "
+                        f"source -> delta = {run.steady / ceiling.steady:.2f}x of it\n    {ceiling.where()}",
+                        flush=True,
+                    )
             if "noop" in steady and "delta" in steady:
                 noop, delta = statistics.median(steady["noop"]), statistics.median(steady["delta"])
                 print(f"source -> delta: {delta:7,.0f} msg/s steady = {delta / noop:.2f}x source -> noop ({noop:,.0f}; medians)")
+            if "rate" in steady:
+                delta, rate = statistics.median(steady["delta"]), statistics.median(steady["rate"])
+                print(
+                    f"source -> delta: {delta:7,.0f} msg/s steady = {delta / rate:.2f}x rate-micro-batch -> delta ({rate:,.0f} rows/s; "
+                    "medians): Delta's own ceiling at this batch size"
+                )
             if args.journal_pairs:
                 off, on = statistics.median(rates["delta"]), statistics.median(rates["delta+journal"])
                 print(

@@ -37,9 +37,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQueryListener
+from spark_amqp_broker import EmbeddedBroker
 from sparkenv import local_spark
 
-from spark_amqp.broker import EmbeddedBroker
 from spark_amqp.sink.columns import MessageBuilder
 from spark_amqp.sink.options import parse_sink_options
 from spark_amqp.sink.publisher import PartitionPublisher

@@ -40,8 +40,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import sparkenv
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from spark_amqp_broker import EmbeddedBroker
 
-from spark_amqp.broker import EmbeddedBroker
 from spark_amqp.property_columns import INT_PROPERTIES, STRING_PROPERTIES
 from spark_amqp.sink.columns import ACCEPTED, SOURCE_ONLY_COLUMNS
 

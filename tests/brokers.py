@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pika
+from spark_amqp_broker import EmbeddedBroker
+from spark_amqp_broker.server import MODELLED_VERSION
 
-from spark_amqp.broker import EmbeddedBroker
-from spark_amqp.broker.server import MODELLED_VERSION
 from spark_amqp.transport.connection import parse_version
 
 TOOLS = Path(__file__).resolve().parent.parent / "tools" / "rabbitmq"

@@ -18,8 +18,8 @@ from collections.abc import Iterator
 
 import pika
 import pytest
+from spark_amqp_broker import EmbeddedBroker
 
-from spark_amqp.broker import EmbeddedBroker
 from spark_amqp.transport import endpoints
 from spark_amqp.transport.endpoints import EndpointOrder
 

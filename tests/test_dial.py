@@ -178,7 +178,7 @@ def test_an_ipv6_node_in_brackets(listed: None) -> None:
             probe.bind(("::1", 0))
     except OSError:
         pytest.skip("no IPv6 loopback here")
-    from spark_amqp.broker import EmbeddedBroker
+    from spark_amqp_broker import EmbeddedBroker
 
     with EmbeddedBroker(host="::1") as broker:
         assert timed_connect(options(f"amqp://guest:guest@{DEAD},[::1]:{broker.port}/%2F")) < 1.0

@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                 retarget(tree, args.rabbitmq_port)
             results.append(run_suite(tree, "rabbitmq", pytest_extra, args.timeout))
         if args.only in (None, "embedded"):
-            from spark_amqp.broker import EmbeddedBroker
+            from spark_amqp_broker import EmbeddedBroker
 
             with EmbeddedBroker(heartbeat=60) as broker:
                 tree = work / "embedded"

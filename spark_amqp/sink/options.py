@@ -10,6 +10,7 @@ from typing import Any
 from ..errors import AmqpOptionError
 from ..option_reader import OptionReader, keyed
 from ..rabbitmq import EXCHANGE_TYPES, MAX_MESSAGE_SIZE_3X
+from ..stream_protocol.compression import CODECS
 from ..transport.options import CONNECTION_KEYS, MAX_SECONDS_WAIT, ConnectionOptions, parse_connection
 
 __all__ = ["SINK_KEYS", "SinkOptions", "parse_sink_options"]
@@ -38,6 +39,10 @@ class SinkOptions:
     # whether each task publishes under producer names the broker deduplicates by (sink/producers.py)
     stream: str | None = None
     deduplication: bool = True
+    # rabbitmq-stream:// uris: up to this many messages in one sub-entry (1: none), compressed with this codec
+    # (stream_protocol/compression.py: none, gzip, snappy, lz4, zstd)
+    sub_entry_size: int = 1
+    compression: str = "none"
 
     @property
     def target(self) -> str:
@@ -71,6 +76,8 @@ SINK_KEYS = CONNECTION_KEYS | keyed(
     "filterValueColumn",
     "stream",
     "deduplication",
+    "subEntrySize",
+    "compression",
 )
 
 
@@ -78,6 +85,7 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     r = OptionReader(options, SINK_KEYS)
     connection = parse_connection(r, stream_protocol=True)
     stream, deduplication = _stream_target(r, connection.stream_protocol)
+    sub_entry_size, codec = _sub_entries(r)
     exchange = r.text("exchange", "") or ""
     routing_key = r.text("routingKey")
     if routing_key is not None and len(routing_key.encode("utf-8")) > 255:
@@ -124,13 +132,15 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         filter_value_column=filter_value_column,
         stream=stream,
         deduplication=deduplication,
+        sub_entry_size=sub_entry_size,
+        compression=codec,
     )
 
 
 def _stream_target(r: OptionReader, stream_protocol: bool) -> tuple[str | None, bool]:
     """Option ``stream`` and ``deduplication``: only with a rabbitmq-stream:// uri, which takes no exchange options."""
     if not stream_protocol:
-        for key in ("stream", "deduplication"):
+        for key in ("stream", "deduplication", "subEntrySize", "compression"):
             if r.text(key) is not None:
                 raise AmqpOptionError(
                     f"option '{key}' needs a rabbitmq-stream:// uri (publishing over RabbitMQ's stream protocol); over AMQP "
@@ -153,6 +163,21 @@ def _stream_target(r: OptionReader, stream_protocol: bool) -> tuple[str | None, 
     elif r.text("superStream") is None:
         raise AmqpOptionError("a rabbitmq-stream:// uri needs option 'stream' (the stream to write to) or 'superStream'")
     return stream, r.boolean("deduplication", True)
+
+
+def _sub_entries(r: OptionReader) -> tuple[int, str]:
+    """Options ``subEntrySize`` and ``compression`` (checked for a rabbitmq-stream:// uri by ``_stream_target``)."""
+    size = r.integer("subEntrySize", 1, 1, 65535)  # a sub-entry counts its messages in 16 bits
+    assert size is not None
+    codec = (r.text("compression", "none") or "none").strip().lower()
+    if codec not in CODECS.values():
+        raise AmqpOptionError(f"option 'compression' must be one of {', '.join(CODECS.values())}, got {r.text('compression')!r}")
+    if codec != "none" and size == 1:
+        raise AmqpOptionError(
+            f"option 'compression' ({codec}) compresses sub-entries, several messages in one entry: give option "
+            "'subEntrySize' too (e.g. 100, as RabbitMQ's Java client is often set)"
+        )
+    return size, codec
 
 
 def _super_stream(r: OptionReader) -> str | None:

@@ -60,7 +60,9 @@ class StreamMessage(NamedTuple):
     target: int  # the index of the stream it goes to in ``StreamMessageBuilder.targets``
     publishing_id: int
     filter_value: str | None
-    record: bytes  # the encoded AMQP 1.0 message
+    record: bytes  # the encoded AMQP 1.0 message, or a whole sub-entry (``sub_entry``)
+    messages: int = 1  # a sub-entry holds several, under its last one's publishing id
+    sub_entry: bool = False
 
 
 class StreamMessageBuilder(MessageBuilder):
@@ -97,6 +99,15 @@ class StreamMessageBuilder(MessageBuilder):
         keys = self._names(columns.get("routing_key"), n, self.default_key, "routing_key")
         exchanges = self._names(columns.get("exchange"), n, None, "exchange")
         filters = columns[self.filter_column].to_pylist() if self.filter_column in columns else [None] * n
+        if self.options.sub_entry_size > 1 and any(v is not None for v in filters):
+            first = next(i for i, v in enumerate(filters) if v is not None)
+            raise self._bad(
+                self.filter_column,
+                first,
+                filters[first],
+                "a stream keeps filter values per message, and option 'subEntrySize' puts several messages in one entry "
+                "(RabbitMQ's clients do not filter sub-entries either): drop the column, or publish without subEntrySize",
+            )
         ids = (
             self._own_ids(columns[PUBLISHING_ID])
             if PUBLISHING_ID in columns

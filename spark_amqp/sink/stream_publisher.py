@@ -33,6 +33,7 @@ from .options import SinkOptions
 from .producers import Producer
 from .publisher import PublishResult, retry_hint
 from .stream_messages import MESSAGE_OVERHEAD, StreamMessage, StreamMessageBuilder
+from .sub_entries import SubEntries, uncompressed_limit
 
 __all__ = ["MAX_IN_FLIGHT_BYTES", "StreamPartitionPublisher"]
 
@@ -69,6 +70,7 @@ class StreamPartitionPublisher:
         self._buffer_sizes: dict[int, int] = {}  # the bytes of each buffer's frame so far
         self._buffered = 0
         self._learned = False
+        self.sub_entries: SubEntries | None = None  # with option subEntrySize: messages grouped per stream
 
     async def publish(self, batches: Iterable[pa.RecordBatch]) -> PublishResult:
         """Publish every row; return once the broker has confirmed every message."""
@@ -81,7 +83,9 @@ class StreamPartitionPublisher:
                 await self._connect()
                 await self._resend()
                 for message in messages:
-                    await self._send(message)
+                    await self._take(message)
+                while self.sub_entries is not None and (rest := self.sub_entries.next_open()) is not None:
+                    await self._send(rest)
                 await self._flush()
                 await self._wait(lambda: not self.published - self.confirmed)
                 return PublishResult(self.published, self.confirmed)
@@ -128,6 +132,9 @@ class StreamPartitionPublisher:
         self._via = [client]
         if not self._learned:  # what the messages depend on: the broker's line and frame size, the partitions
             self.builder.met_stream_broker(client.server_version, client.frame_max)
+            if opts.sub_entry_size > 1:
+                self.sub_entries = SubEntries(opts.sub_entry_size, opts.compression, client.frame_max)
+                self.builder.max_record = min(self.builder.max_record, uncompressed_limit(client.frame_max) - 4)
             if opts.super_stream is not None:
                 self.builder.route_to(await self._partitions(client, opts.super_stream))
             self.pending = [{} for _ in self.builder.targets]
@@ -194,10 +201,17 @@ class StreamPartitionPublisher:
                 self._buffer(message)
         await self._flush()
 
+    async def _take(self, message: StreamMessage) -> None:
+        """A message of the partition: out now, or into its stream's open sub-entry."""
+        if self.sub_entries is None:
+            await self._send(message)
+        elif (complete := self.sub_entries.add(message)) is not None:
+            await self._send(complete)
+
     async def _send(self, message: StreamMessage) -> None:
         # Pending first: whatever fails from here on, a reconnect publishes it again.
         self.pending[message.target][message.publishing_id] = message
-        self.published += 1
+        self.published += message.messages
         self.in_flight_bytes += len(message.record)
         limit = self.options.max_in_flight
         if self.published - self.confirmed > limit or self.in_flight_bytes > MAX_IN_FLIGHT_BYTES:
@@ -212,7 +226,7 @@ class StreamPartitionPublisher:
     def _buffer(self, message: StreamMessage) -> None:
         """Into its stream's next frame; a full frame goes out first."""
         target = message.target
-        size = len(message.record) + MESSAGE_OVERHEAD - _FRAME_HEAD
+        size = 8 + len(message.record) if message.sub_entry else len(message.record) + MESSAGE_OVERHEAD - _FRAME_HEAD
         if message.filter_value is not None:
             size += len(message.filter_value.encode("utf-8"))
         buffer = self._buffers.setdefault(target, [])
@@ -239,7 +253,9 @@ class StreamPartitionPublisher:
         client = self._via[target]
         if client.closed.done():
             raise _Failed(client.closed.result())
-        if any(m.filter_value is not None for m in messages):
+        if messages[0].sub_entry:  # all or none are: sub-entries are a partition's choice
+            client.publish_sub_entries(target, [(m.publishing_id, m.record) for m in messages])
+        elif any(m.filter_value is not None for m in messages):
             client.publish_filtered(target, [(m.publishing_id, m.filter_value, m.record) for m in messages])
         else:
             client.publish(target, [(m.publishing_id, m.record) for m in messages])
@@ -271,7 +287,7 @@ class StreamPartitionPublisher:
         for publishing_id in ids:
             message = pending.pop(publishing_id, None)
             if message is not None:  # a message published again after a reconnect may be confirmed twice
-                self.confirmed += 1
+                self.confirmed += message.messages
                 self.in_flight_bytes -= len(message.record)
         self._progress.set()
 

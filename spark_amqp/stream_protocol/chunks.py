@@ -2,10 +2,11 @@
 
 The layout is osiris_log.erl's. A chunk holds ``records`` messages at offsets
 ``first_offset`` … ``first_offset + records - 1``. Its data section is a run of
-entries: a simple entry is one message (``0 | 31-bit size | bytes``); a sub-batch
-entry (``1 | compression | records | uncompressed size | size | bytes``) holds
-several, each ``uint32 size | bytes`` once uncompressed. The CRC is CRC-32 over the
-data section, so a chunk that came damaged is caught before any of it becomes a row.
+entries: a simple entry is one message (``0 | 31-bit size | bytes``); a sub-entry
+(``1 | codec | records | uncompressed size | size | bytes``, ``compression.py``) holds
+several, compressed together. A chunk's ``entries`` counts a sub-entry once, its
+``records`` every message in it. The CRC is CRC-32 over the data section, so a chunk
+that came damaged is caught before any of it becomes a row.
 
 A consumer gets user chunks only, without the chunk's Bloom filter or trailer
 (osiris sends a data reader's chunks so); a replica's chunks would carry both, and are
@@ -14,21 +15,19 @@ skipped over by their sizes.
 
 from __future__ import annotations
 
-import gzip
 import struct
 import zlib
 from dataclasses import dataclass
 
 from ..errors import DecodeError
+from . import compression
 
-__all__ = ["HEADER", "ChunkHeader", "build", "read_header", "records"]
+__all__ = ["HEADER", "ChunkHeader", "build", "build_entries", "entry_spans", "read_header", "records"]
 
 HEADER = struct.Struct(">BBHIqQQIIII")
 MAGIC_VERSION = 0x50  # magic 5, version 0; RabbitMQ 3.13+ writes version 1 (a Bloom filter may follow)
 USER = 0
 _SIMPLE = struct.Struct(">I")
-_SUB_BATCH = struct.Struct(">BHII")
-COMPRESSIONS = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,37 +81,44 @@ def records(chunk: bytes | memoryview, header: ChunkHeader, check_crc: bool = Tr
             out.append(bytes(data[pos + 4 : pos + 4 + word]))
             pos += 4 + word
             continue
-        kind, count, _uncompressed, size = _SUB_BATCH.unpack_from(data, pos)
-        body = bytes(data[pos + 11 : pos + 11 + size])
-        pos += 11 + size
-        out.extend(_sub_batch(body, (kind >> 4) & 0x7, count, header.first_offset))
+        inside, pos = compression.decode(data, pos, header.first_offset)
+        out.extend(inside)
     if len(out) != header.records:
         raise DecodeError(f"stream chunk at offset {header.first_offset}: {len(out)} messages where its header says {header.records}")
     return out
 
 
-def _sub_batch(body: bytes, compression: int, count: int, first: int) -> list[bytes]:
-    if compression == 1:
-        body = gzip.decompress(body)
-    elif compression != 0:
-        raise DecodeError(
-            f"stream chunk at offset {first}: a sub-batch compressed with {COMPRESSIONS.get(compression, compression)}, which this "
-            "connector does not decompress (it reads uncompressed and gzip sub-batches); have the producer use gzip or no compression"
-        )
-    out = []
-    pos = 0
-    for _ in range(count):
-        (size,) = _SIMPLE.unpack_from(body, pos)
-        out.append(body[pos + 4 : pos + 4 + size])
-        pos += 4 + size
-    return out
+def entry_spans(chunk: bytes | memoryview, header: ChunkHeader) -> list[tuple[int, int, int | None]]:
+    """Each entry's first offset, its record count and its codec (None for a simple entry), read from the
+    entries' heads alone: nothing is decompressed."""
+    start = HEADER.size + (header.bloom_size if len(chunk) - HEADER.size > header.data_length else 0)
+    data = chunk[start : start + header.data_length]
+    spans: list[tuple[int, int, int | None]] = []
+    offset, pos = header.first_offset, 0
+    for _ in range(header.entries):
+        (word,) = _SIMPLE.unpack_from(data, pos)
+        if word & 0x80000000 == 0:
+            spans.append((offset, 1, None))
+            offset, pos = offset + 1, pos + 4 + word
+            continue
+        kind, count, _plain, size = compression.SUB_ENTRY.unpack_from(data, pos)
+        spans.append((offset, count, (kind >> 4) & 0x7))
+        offset, pos = offset + count, pos + compression.SUB_ENTRY.size + size
+    return spans
 
 
 def build(first_offset: int, messages: list[bytes], timestamp_ms: int, epoch: int = 1, trailer_length: int = 0) -> bytes:
     """A user chunk of simple entries, as a consumer receives it (the embedded broker's ``deliver``); the
     trailer's length is in the header, but a reader is not sent the trailer itself."""
-    data = b"".join(_SIMPLE.pack(len(m)) + m for m in messages)
+    return build_entries(first_offset, [(_SIMPLE.pack(len(m)) + m, 1) for m in messages], timestamp_ms, epoch, trailer_length)
+
+
+def build_entries(first_offset: int, entries: list[tuple[bytes, int]], timestamp_ms: int, epoch: int = 1, trailer_length: int = 0) -> bytes:
+    """A user chunk of encoded entries, each with the records it holds: a simple entry (its size, then the
+    message) holds one, a sub-entry (``compression.encode``) several."""
+    data = b"".join(entry for entry, _ in entries)
+    records = sum(n for _, n in entries)
     head = HEADER.pack(
-        MAGIC_VERSION, USER, len(messages), len(messages), timestamp_ms, epoch, first_offset, zlib.crc32(data), len(data), trailer_length, 0
+        MAGIC_VERSION, USER, len(entries), records, timestamp_ms, epoch, first_offset, zlib.crc32(data), len(data), trailer_length, 0
     )
     return head + data

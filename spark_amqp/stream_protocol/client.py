@@ -316,6 +316,12 @@ class StreamClient(Connection):
         body = b"".join(_ID.pack(pid) + string(value) + _SIZE.pack(len(m)) + m for pid, value, m in messages)
         self.write(frame(Key.PUBLISH, 2, struct.pack(">Bi", pub_id, len(messages)) + body))
 
+    def publish_sub_entries(self, pub_id: int, entries: list[tuple[int, bytes]]) -> None:
+        """One publish frame of sub-entries (``compression.encode``), each under the publishing id of its last message;
+        the broker confirms each sub-entry once, by that id."""
+        body = b"".join(_ID.pack(pid) + entry for pid, entry in entries)
+        self.write(frame(Key.PUBLISH, 1, struct.pack(">Bi", pub_id, len(entries)) + body))
+
     async def delete_publisher(self, pub_id: int) -> None:
         try:
             await self.request(Key.DELETE_PUBLISHER, struct.pack(">B", pub_id), f"publisher {pub_id}")

@@ -8,6 +8,7 @@ anything connects; connection options are shared with queue mode.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ STREAM_KEYS = CONNECTION_KEYS | keyed(
     "prefetch",
     "filter",
     "filterMatchUnfiltered",
+    "streamPort",
 )
 # Queue-mode options, with why they do not apply to streams.
 QUEUE_ONLY = {
@@ -114,6 +116,14 @@ def parse_stream_options(options: Mapping[str, str]) -> StreamSourceOptions:
             raise AmqpOptionError(f"option '{key}' does not apply to streams: {QUEUE_ONLY[key.lower()]}")
     r = OptionReader(options, STREAM_KEYS)
     connection = parse_connection(r, stream_protocol=True)  # rabbitmq-stream://: read over the stream protocol
+    stream_port = r.integer("streamPort", None, 1, 65535)
+    if stream_port is not None:
+        if connection.stream_protocol:
+            raise AmqpOptionError(
+                "option 'streamPort' is for amqp:// and amqps:// uris (where a read over AMQP 0-9-1 asks the stream protocol "
+                "about offsets RabbitMQ did not deliver); a rabbitmq-stream:// uri names its port itself"
+            )
+        connection = dataclasses.replace(connection, stream_port=stream_port)
     streams, discover = _streams(r)
     starting = _starting(r, streams, discover)
     ending = _ending(r, streams, discover)

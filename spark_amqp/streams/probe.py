@@ -19,6 +19,10 @@ in ``rabbit_stream_queue``):
   sends ``basic.qos`` as a barrier, and is at the end when a barrier brings
   nothing more.
 
+A probe that gets nothing from a stream that counts messages may be at a compressed sub-entry, which RabbitMQ
+does not deliver over AMQP 0-9-1 (4.x sends nothing, 3.10 closes the connection): after ``CHECK_AFTER`` of
+silence, or at that 541, the stream protocol is asked (``compressed.py``).
+
 Other queue types refuse the ``x-stream-offset`` argument (406), and a delivery
 without an ``x-stream-offset`` header is refused as well, never acked."""
 
@@ -34,13 +38,18 @@ from pamqp import commands
 from .. import framing
 from ..client import AmqpClient
 from ..client.properties import LazyProperties
+from ..errors import InternalError
 from ..rabbitmq import FILTER_VALUE_HEADER
 from ..reading.stream_consumers import consume, not_a_stream, stream_offset
+from ..stream_protocol.client import OffsetSpec
 
-__all__ = ["EMPTY_WAIT", "filter_value_at", "head", "message_at", "offset_at", "tail"]
+__all__ = ["CHECK_AFTER", "EMPTY_WAIT", "filter_value_at", "head", "message_at", "offset_at", "tail"]
 
 # How long a stream whose message count reads 0 is given to send its first delivery.
 EMPTY_WAIT = 1.0
+# How long an AMQP 0-9-1 read waits for what the stream holds before it asks whether a compressed sub-entry is
+# there (compressed.py: the check costs a connection, then a one-chunk subscription).
+CHECK_AFTER = 1.0
 # Credit of the tail probe: most last chunks arrive in one go, a longer one takes a few acks.
 TAIL_PREFETCH = 2000
 _tags = itertools.count(1)
@@ -122,17 +131,43 @@ async def _probe(client: AmqpClient, stream: str, spec: Any, prefetch: int, to_t
         await consume(channel, stream, tag, spec, prefetch)
         patience = client.options.connection_timeout if declared.message_count else EMPTY_WAIT
         try:
-            await asyncio.wait_for(arrived.wait(), patience)
+            await asyncio.wait_for(arrived.wait(), min(patience, CHECK_AFTER) if declared.message_count else patience)
         except TimeoutError:
-            pass  # an empty stream, or one that has nothing at or after that moment
+            # Messages, and none comes (or a tail that finds none, where the count lags by up to 5 s): compressed ones
+            # there, or a slow broker. Else an empty stream, or one that has nothing at or after that moment.
+            if declared.message_count or to_the_end:
+                await _refuse_compressed(client, stream, spec)
+            if declared.message_count:
+                try:
+                    await asyncio.wait_for(arrived.wait(), patience)
+                except TimeoutError:
+                    pass
         counted = 0
         while to_the_end and seen.count > counted and not foreign:
             counted = seen.count
             channel.ack(last_tag, True)
             await channel.rpc(qos)  # a barrier: what the ack made readable comes before its reply
         await channel.rpc(framing.build(commands.Basic.Cancel, consumer_tag=tag))
+    except InternalError:  # RabbitMQ 3.10 closes the connection with 541 at a compressed sub-entry
+        await _refuse_compressed(client, stream, spec)
+        raise
     finally:
         await channel.close()
     if foreign:
         raise not_a_stream(stream)
     return seen
+
+
+async def _refuse_compressed(client: AmqpClient, stream: str, spec: Any) -> None:
+    """Raises ``CompressedSubEntry`` if what a probe at ``spec`` did not get is a compressed sub-entry."""
+    from .compressed import CompressedCheck  # not at the top: compressed.py reads chunks with protocol_probe, which imports this
+
+    if spec == "first":
+        at = OffsetSpec.FIRST
+    elif spec == "last":
+        at = OffsetSpec.LAST
+    elif isinstance(spec, datetime.datetime):
+        at = OffsetSpec.timestamp(int(spec.timestamp() * 1000))
+    else:
+        at = OffsetSpec.offset(int(spec))
+    await CompressedCheck.for_client(client).refuse(stream, at)

@@ -32,6 +32,7 @@ from .probe import EMPTY_WAIT
 
 __all__ = [
     "Chunk",
+    "chunk_data",
     "chunk_for",
     "filter_value_at",
     "free_subscription",
@@ -102,6 +103,12 @@ async def chunk_for(client: StreamClient, stream: str, spec: tuple[int, int]) ->
 
 
 async def _one_chunk(client: StreamClient, stream: str, spec: tuple[int, int], patience: float) -> Chunk | None:
+    data = await chunk_data(client, stream, spec, patience)
+    return None if data is None else Chunk(data)
+
+
+async def chunk_data(client: StreamClient, stream: str, spec: tuple[int, int], patience: float) -> bytes | None:
+    """The first chunk a subscription at ``spec`` gets, as it came (nothing decoded); None if none within ``patience``."""
     got: asyncio.Future[bytes] = client.loop.create_future()
 
     def on_chunk(data: memoryview) -> None:
@@ -119,13 +126,12 @@ async def _one_chunk(client: StreamClient, stream: str, spec: tuple[int, int], p
         sub = free_subscription(client)
         await client.subscribe(sub, stream, spec, 1, on_chunk)
     try:
-        data = await asyncio.wait_for(asyncio.shield(got), patience)
+        return await asyncio.wait_for(asyncio.shield(got), patience)
     except TimeoutError:
         return None  # RabbitMQ 3.10: an empty stream
     finally:
         if not client.closed.done():
             await client.unsubscribe(sub)
-    return Chunk(data)
 
 
 async def _exists(client: StreamClient, stream: str) -> None:

@@ -80,6 +80,17 @@ class RangeReader:
     async def _unsubscribe(self) -> None:
         raise NotImplementedError
 
+    def _patience(self, timeout: float) -> float:
+        """How long to wait for a delivery before ``_silent_a_while``."""
+        return timeout
+
+    async def _silent_a_while(self) -> bool:
+        """Nothing came within ``_patience``: whether to wait on (else the broker is silent: ``_silent``)."""
+        return False
+
+    async def _unseen(self, start: int, stop: int) -> None:
+        """Offsets ``start`` to ``stop - 1`` the stream still holds did not come: a reader that can tell why checks here."""
+
     async def next_rows(self, limit: int) -> list[Row]:
         timeout = self.options.connection.connection_timeout
         while self.gaps or (len(self.rows) < limit and not self.done):
@@ -97,12 +108,14 @@ class RangeReader:
                 self.arrived.clear()
                 if self.failure is None and not self.done and len(self.rows) < limit:
                     # The planner saw these offsets in the stream: a silent broker is a fault, not an end.
-                    await asyncio.wait_for(self.arrived.wait(), FILTER_IDLE if self._may_widen else timeout)
+                    await asyncio.wait_for(self.arrived.wait(), FILTER_IDLE if self._may_widen else self._patience(timeout))
                 if self.failure is not None:
                     raise self.failure
             except TimeoutError:
                 if self._may_widen:
                     self.widen_due = True
+                    continue
+                if await self._silent_a_while():
                     continue
                 await self._silent(timeout)
             except AmqpSourceError:
@@ -110,7 +123,7 @@ class RangeReader:
             except Exception as err:
                 if not is_transient(err):
                     raise self._explained(err) from err
-                self._check_repeated_refusal(err)
+                await self._check_repeated_refusal(err)
                 await self._resume(err)
         rows, self.rows = self.rows, []
         return rows
@@ -177,6 +190,8 @@ class RangeReader:
         while self.gaps:
             start, first = self.gaps[0]
             verdict = judge_gap(self.part, start, first, head)
+            if verdict is None and min(first, self.part.end) > start:
+                await self._unseen(start, min(first, self.part.end))
             if verdict is not None:
                 lost, certain = verdict
                 message = (
@@ -215,7 +230,7 @@ class RangeReader:
             )
         await self._resume(silent)
 
-    def _check_repeated_refusal(self, err: BaseException) -> None:
+    async def _check_repeated_refusal(self, err: BaseException) -> None:
         """RabbitMQ 4.x closes the connection with 541 when it cannot convert a stream message for AMQP 0-9-1:
         the same offset fails every time, so retrying without end would hide a permanent fault."""
         if not isinstance(err, InternalError):
@@ -225,6 +240,7 @@ class RangeReader:
         times = times + 1 if at == self.next_offset else 1
         self._refused = (self.next_offset, times)
         if times >= REFUSALS_AT_ONE_OFFSET:
+            await self._unseen(self.next_offset, self.part.end)  # RabbitMQ 3.10 closes it so at a compressed sub-entry
             raise AmqpSourceError(
                 f"stream '{self.part.stream}': the broker closed the connection with {err} {times} times when reading offset "
                 f"{self.next_offset}. Most likely the message there is not AMQP 1.0: written by a stream-protocol client in "

@@ -55,6 +55,9 @@ class ConnectionOptions:
     outage_timeout: float = 120.0
     # rabbitmq-stream:// through a load balancer: reach a stream's members through the uri, not at their advertised address.
     load_balancer: bool = False
+    # amqp:// uris, stream mode: the stream protocol's port on the uri's hosts, where a read over AMQP 0-9-1 asks what
+    # RabbitMQ did not deliver (None: its default, 5552 or 5551 with TLS)
+    stream_port: int | None = None
     mechanism: str = "PLAIN"  # SASL: PLAIN (a password or an OAuth 2 token) or EXTERNAL (the client certificate)
     oauth2: OAuth2Options | None = None  # where the tokens that stand in for the password come from
 

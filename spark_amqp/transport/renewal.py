@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 
 from ..errors import AmqpProtocolError, TokenError, TokenUnavailable, is_transient
@@ -46,6 +45,7 @@ class Renewal:
         self.options = options
         self.token = token
         self.renewals = 0  # how many times this connection renewed its token
+        self.next_at: float | None = None  # when the next attempt is due, by tokens.clock; None while one runs, and after the last
         self._apply = apply
         self._fail = fail
         self._name = name
@@ -56,15 +56,18 @@ class Renewal:
         self._at(tokens.renew_at(self.token.obtained_at, self.token.expires_at))
 
     def cancel(self) -> None:
+        self.next_at = None
         if self._timer is not None:
             self._timer.cancel()
         if self._task is not None and not self._task.done():
             self._task.cancel()
 
     def _at(self, when: float) -> None:
-        self._timer = self.loop.call_later(max(0.0, when - time.time()), self._fire)
+        self.next_at = when
+        self._timer = self.loop.call_later(max(0.0, when - tokens.clock()), self._fire)
 
     def _fire(self) -> None:
+        self.next_at = None
         self._task = self.loop.create_task(self._renew())
 
     async def _renew(self) -> None:
@@ -74,9 +77,9 @@ class Renewal:
             token = await self.loop.run_in_executor(None, tokens.current, oauth2, self.options.connection_timeout, self.token)
             await self._apply(token)
         except AmqpProtocolError as err:
-            if isinstance(err, TokenUnavailable) and time.time() + RETRY_DELAY < self.token.expires_at - EXPIRY_MARGIN:
+            if isinstance(err, TokenUnavailable) and tokens.clock() + RETRY_DELAY < self.token.expires_at - EXPIRY_MARGIN:
                 log.warning("AMQP: %s: renewing the OAuth 2 token: %s", self._name, err)
-                self._at(time.time() + RETRY_DELAY)
+                self._at(tokens.clock() + RETRY_DELAY)
             elif isinstance(err, TokenError) or not is_transient(err):
                 self._fail(err)
             # else: the connection was lost meanwhile; its own reason stands
@@ -86,5 +89,5 @@ class Renewal:
             return
         self.token = token
         self.renewals += 1
-        log.info("AMQP: %s: OAuth 2 token renewed, valid for %.0fs more", self._name, token.expires_at - time.time())
+        log.info("AMQP: %s: OAuth 2 token renewed, valid for %.0fs more", self._name, token.expires_at - tokens.clock())
         self._at(tokens.renew_at(token.obtained_at, token.expires_at))

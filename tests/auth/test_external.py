@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from spark_amqp_broker import EmbeddedBroker
 
-from spark_amqp.broker import EmbeddedBroker
 from spark_amqp.client.connection import AmqpClient
 from spark_amqp.errors import LoginRefused, explain, is_transient
 from spark_amqp.stream_protocol.client import StreamClient

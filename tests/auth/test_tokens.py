@@ -19,6 +19,7 @@ from spark_amqp.transport.auth_options import OAuth2Options
 from spark_amqp.transport.renewal import Renewal
 from spark_amqp.transport.tokens import Token, renew_at
 
+from .driven_time import DrivenClock, run_in_driven_time, until
 from .helpers import CLIENT_SECRET, TokenServer, options
 
 
@@ -87,11 +88,15 @@ def test_connections_of_a_process_share_one_fetch() -> None:
         assert renewed.value != got[0].value and again.value == renewed.value and server.issued == 2
 
 
-def test_a_token_due_for_renewal_is_not_handed_to_a_new_connection() -> None:
+def test_a_token_due_for_renewal_is_not_handed_to_a_new_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = DrivenClock()
+    monkeypatch.setattr(tokens, "clock", clock)
     with TokenServer(opaque, lifetime=2) as server:
         source = oauth2(server)
         first = tokens.current(source, 5.0)
-        time.sleep(1.1)  # past half of its 2 s
+        clock.skip_to(first.obtained_at + 0.9)  # short of half of its 2 s
+        assert tokens.current(source, 5.0).value == first.value and server.issued == 1
+        clock.skip_to(first.obtained_at + 1.1)  # past half of its 2 s
         assert tokens.current(source, 5.0).value != first.value and server.issued == 2
 
 
@@ -185,40 +190,56 @@ def test_explain_keeps_a_token_error_whole() -> None:
     assert explain(err, "amqps://etl@rabbit:5671/prod", "etl", "prod") == f"amqps://etl@rabbit:5671/prod: {err}"
 
 
-def test_renewal_hands_each_new_token_to_the_connection_before_expiry() -> None:
-    """The timer alone, on a loop, with 2-second tokens: renewed at 1 s, 2 s, 3 s…; a refusal ends it."""
+def test_renewal_hands_each_new_token_to_the_connection_at_its_renewal_point_before_expiry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The timer alone, on a loop whose clock the test moves: hour-long tokens, each renewed when ``renew_at``
+    says (48 minutes in) and not a minute earlier, three times; then a refusal ends it."""
 
-    async def scenario() -> tuple[list[Token], list[AmqpProtocolError]]:
-        with TokenServer(opaque, lifetime=2) as server:
+    async def scenario(clock: DrivenClock) -> tuple[list[Token], list[AmqpProtocolError]]:
+        loop = asyncio.get_running_loop()
+        with TokenServer(opaque, lifetime=3600) as server:
             c = options("amqp://h/v", **server.options())
             assert c.oauth2 is not None
-            first = await asyncio.get_running_loop().run_in_executor(None, tokens.current, c.oauth2, 5.0, None)
+            first = await loop.run_in_executor(None, tokens.current, c.oauth2, 5.0, None)
             given: list[Token] = []
             failed: list[AmqpProtocolError] = []
 
             async def apply(token: Token) -> None:
-                assert time.time() < (given[-1] if given else first).expires_at  # before the token in use expires
+                assert tokens.clock() < (given[-1] if given else first).expires_at  # before the token in use expires
                 given.append(token)
 
-            renewal = Renewal(asyncio.get_running_loop(), c, first, apply, failed.append, "test")
+            renewal = Renewal(loop, c, first, apply, failed.append, "test")
             renewal.start()
-            await asyncio.sleep(3.6)
+            for renewed in range(1, 4):
+                in_use = given[-1] if given else first
+                due = renew_at(in_use.obtained_at, in_use.expires_at)
+                assert renewal.next_at == due
+                clock.skip_to(due - 60)
+                for _ in range(3):  # the loop's turns: a timer due by now would have run
+                    await asyncio.sleep(0)
+                assert renewal.next_at == due and len(given) == renewed - 1  # a minute early: not yet
+                clock.skip_to(due)
+                await until(lambda: failed or (len(given) == renewed and renewal.next_at is not None))  # noqa: B023
+                assert failed == []
             server.refusing = True
-            await asyncio.sleep(1.5)
+            assert renewal.next_at is not None
+            clock.skip_to(renewal.next_at)
+            await until(lambda: failed)
             renewal.cancel()
             return given, failed
 
-    given, failed = asyncio.run(scenario())
-    assert len(given) >= 3 and len({t.value for t in given}) == len(given)
+    given, failed = run_in_driven_time(monkeypatch, scenario)
+    assert len(given) == 3 and len({t.value for t in given}) == len(given)
     assert len(failed) == 1 and isinstance(failed[0], TokenError) and "refused to issue a token" in str(failed[0])
 
 
 def test_renewal_retries_an_unreachable_endpoint_until_shortly_before_expiry(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("spark_amqp.transport.renewal.RETRY_DELAY", 0.3)
-    monkeypatch.setattr("spark_amqp.transport.renewal.EXPIRY_MARGIN", 0.5)
+    """A 10-minute token and an endpoint that answers 503: asked at the renewal point (8 minutes in), again every
+    RETRY_DELAY (20 s here), and given up once the next try would come within EXPIRY_MARGIN (40 s) of the expiry."""
+    monkeypatch.setattr("spark_amqp.transport.renewal.RETRY_DELAY", 20.0)
+    monkeypatch.setattr("spark_amqp.transport.renewal.EXPIRY_MARGIN", 40.0)
 
-    async def scenario() -> list[AmqpProtocolError]:
-        with TokenServer(opaque, lifetime=3) as server:
+    async def scenario(clock: DrivenClock) -> tuple[list[float], list[AmqpProtocolError]]:
+        with TokenServer(opaque, lifetime=600) as server:
             c = options("amqp://h/v", **server.options())
             assert c.oauth2 is not None
             first = tokens.fetch(c.oauth2, 5.0)
@@ -230,11 +251,19 @@ def test_renewal_retries_an_unreachable_endpoint_until_shortly_before_expiry(mon
             server.failing = True
             renewal = Renewal(asyncio.get_running_loop(), c, first, apply, failed.append, "test")
             renewal.start()
-            await asyncio.sleep(3.2)
+            asked_at: list[float] = []  # seconds into the token's life
+            while renewal.next_at is not None:
+                due = renewal.next_at
+                clock.skip_to(due)
+                await until(lambda: failed or renewal.next_at not in (None, due))  # noqa: B023
+                asked_at.append(due - first.obtained_at)
             renewal.cancel()
-            return failed
+            assert len(server.requests) == 1 + len(asked_at)  # the first token, then one request at each point
+            return asked_at, failed
 
-    failed = asyncio.run(scenario())
+    asked_at, failed = run_in_driven_time(monkeypatch, scenario)
+    # 560 s would be within 40 s of the expiry (600 s): the try at 540 s is the last.
+    assert asked_at == pytest.approx([480.0, 500.0, 520.0, 540.0])
     assert len(failed) == 1 and isinstance(failed[0], TokenUnavailable)  # given up before expiry: the caller reconnects
 
 

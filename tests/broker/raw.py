@@ -1,6 +1,7 @@
 """A raw-frame client for streams, for what pika hides: the order of frames on the wire
 (deliveries before a barrier's reply), the exact encoding of a header value, and a burst
-of publishes written in one send (which RabbitMQ's stream writer turns into large chunks)."""
+of publishes written in one send (which RabbitMQ's stream writer turns into large chunks);
+``burst`` writes one with stream filter values."""
 
 from __future__ import annotations
 
@@ -8,14 +9,15 @@ from typing import Any
 
 from pamqp import body as pbody
 from pamqp import commands, frame, header
+from spark_amqp_broker.codec import decode_properties
 
-from spark_amqp.broker.codec import decode_properties
 from spark_amqp.framing import decode_method
 
 from ..rawclient import RawClient
 
 C = commands
 TIMEOUT = 15.0
+FILTER = "x-stream-filter-value"
 
 
 class StreamClient(RawClient):
@@ -97,3 +99,13 @@ class StreamClient(RawClient):
             self.expect(C.Connection.CloseOk)
         finally:
             super().close()
+
+
+def burst(url: str, q: str, values: list[str | None]) -> None:
+    """One confirmed write (a chunk, or a few, of its own) of messages with these filter values (None: none);
+    their bodies are the values ('-' for none)."""
+    raw = StreamClient(url)
+    try:
+        raw.publish_burst(q, [(v or "-").encode() for v in values], [None if v is None else {FILTER: v} for v in values])
+    finally:
+        raw.close()

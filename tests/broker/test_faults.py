@@ -10,8 +10,7 @@ import urllib.parse
 
 import pika
 import pytest
-
-from spark_amqp.broker import EmbeddedBroker
+from spark_amqp_broker import EmbeddedBroker
 
 from .helpers import connect, drain, wait_for
 
@@ -157,7 +156,7 @@ def test_standalone_cli_serves_clients(tmp_path) -> None:  # type: ignore[no-unt
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "spark_amqp.broker", "--port", str(port), "--user", "u", "--password", "p w"],
+        [sys.executable, "-m", "spark_amqp_broker", "--port", str(port), "--user", "u", "--password", "p w"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )

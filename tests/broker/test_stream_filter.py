@@ -13,23 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 import pika
-
-from spark_amqp.broker.stream_filter import BLOOM_BITS, bloom_bits
+from spark_amqp_broker.stream_filter import BLOOM_BITS, bloom_bits
 
 from .helpers import connect, wait_for
-from .raw import StreamClient
-
-FILTER = "x-stream-filter-value"
-
-
-def burst(url: str, q: str, values: list[str | None]) -> None:
-    """One confirmed write (a chunk, or a few, of its own) of messages with these filter values (None: none);
-    their bodies are the values ('-' for none)."""
-    raw = StreamClient(url)
-    try:
-        raw.publish_burst(q, [(v or "-").encode() for v in values], [None if v is None else {FILTER: v} for v in values])
-    finally:
-        raw.close()
+from .raw import FILTER, burst
 
 
 def _stream(url: str, q: str) -> list[str | None]:

@@ -12,8 +12,8 @@ from typing import Any
 
 import pika
 import pytest
+from spark_amqp_broker import EmbeddedBroker
 
-from spark_amqp.broker import EmbeddedBroker
 from spark_amqp.errors import AmqpSourceError
 from spark_amqp.queues import session as session_module
 

@@ -9,8 +9,8 @@ import time
 
 import pika
 import pytest
+from spark_amqp_broker import EmbeddedBroker
 
-from spark_amqp.broker import EmbeddedBroker
 from spark_amqp.errors import AmqpSourceError
 from spark_amqp.queues.available_now import AvailableNow
 from spark_amqp.queues.offset import AmqpSourceOffset

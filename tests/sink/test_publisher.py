@@ -7,23 +7,16 @@ import threading
 
 import pyarrow as pa
 import pytest
+from spark_amqp_broker import EmbeddedBroker
 
-from spark_amqp.broker import EmbeddedBroker
 from spark_amqp.errors import AmqpOptionError, AmqpPublishError
 from spark_amqp.sink.columns import MessageBuilder
 from spark_amqp.sink.options import parse_sink_options
 from spark_amqp.sink.publisher import PartitionPublisher
-from spark_amqp.sink.writer import connected
 
 from ..broker.helpers import connect, drain, ready_count
 from ..fake_servers import LateNode
-
-
-def _publish(url: str, table: dict, **options: str):  # type: ignore[no-untyped-def,type-arg]
-    opts = parse_sink_options({"uri": url, **options})
-    batch = pa.RecordBatch.from_pydict(table)
-    builder = MessageBuilder(opts)
-    return asyncio.run(PartitionPublisher(opts).publish([builder.messages(batch)], "test", connected(builder)))
+from .helpers import publish_table
 
 
 def _declare(url: str, queue: str, **kwargs) -> None:  # type: ignore[no-untyped-def]
@@ -36,7 +29,7 @@ def test_every_message_confirmed_and_delivered_with_properties(amqp_url: str, na
     q = names.queue()
     _declare(amqp_url, q)
     n = 2500
-    result = _publish(
+    result = publish_table(
         amqp_url,
         {
             "body": [b"m%d" % i for i in range(n)],
@@ -60,21 +53,21 @@ def test_reject_publish_queue_nacks_fail_the_partition(amqp_url: str, names) -> 
     q = names.queue()
     _declare(amqp_url, q, arguments={"x-max-length": 10, "x-overflow": "reject-publish"})
     with pytest.raises(AmqpPublishError, match=r"nacked by the broker") as info:
-        _publish(amqp_url, {"body": [b"x"] * 50}, routingKey=q)
+        publish_table(amqp_url, {"body": [b"x"] * 50}, routingKey=q)
     assert f"routing key '{q}'" in str(info.value) and "of 50 messages" in str(info.value)
     assert drain(connect(amqp_url).channel(), q, limit=100).__len__() == 10  # the confirmed ones are there
 
 
 def test_unroutable_with_mandatory_fails_without_mandatory_is_dropped(amqp_url: str) -> None:
     with pytest.raises(AmqpPublishError, match=r"1 returned as unroutable \(312 NO_ROUTE"):
-        _publish(amqp_url, {"body": [b"x"]}, exchange="amq.direct", routingKey="test.nobody.listens")
-    result = _publish(amqp_url, {"body": [b"x"]}, exchange="amq.direct", routingKey="test.nobody.listens", mandatory="false")
+        publish_table(amqp_url, {"body": [b"x"]}, exchange="amq.direct", routingKey="test.nobody.listens")
+    result = publish_table(amqp_url, {"body": [b"x"]}, exchange="amq.direct", routingKey="test.nobody.listens", mandatory="false")
     assert (result.published, result.confirmed) == (1, 1)
 
 
 def test_missing_exchange_closes_the_channel_and_fails_as_not_transient(amqp_url: str) -> None:
     with pytest.raises(AmqpPublishError, match=r"404 NOT_FOUND") as info:
-        _publish(amqp_url, {"body": [b"x"] * 5}, exchange="test.no.such.exchange", routingKey="k")
+        publish_table(amqp_url, {"body": [b"x"] * 5}, exchange="test.no.such.exchange", routingKey="k")
     assert "this is not transient" in str(info.value) and "Spark retries it" not in str(info.value)
 
 
@@ -83,10 +76,10 @@ def test_wrong_password_and_missing_vhost_fail_at_once_and_say_so(amqp_url: str)
 
     began = time.monotonic()
     with pytest.raises(AmqpPublishError) as info:
-        _publish(amqp_url.replace("guest:guest@", "guest:not-the-password@"), {"body": [b"x"]}, connectionTimeout="30")
+        publish_table(amqp_url.replace("guest:guest@", "guest:not-the-password@"), {"body": [b"x"]}, connectionTimeout="30")
     assert "refused the login of user 'guest'" in str(info.value) and "not-the-password" not in str(info.value)
     with pytest.raises(AmqpPublishError, match=r"vhost 'nope' does not exist .*530 NOT_ALLOWED.*not transient"):
-        _publish(amqp_url.replace("/%2F", "/nope"), {"body": [b"x"]}, connectionTimeout="30")
+        publish_table(amqp_url.replace("/%2F", "/nope"), {"body": [b"x"]}, connectionTimeout="30")
     assert time.monotonic() - began < 10
 
 
@@ -95,7 +88,7 @@ def test_a_broker_refusing_connections_for_a_while_is_waited_out_before_the_firs
     # task attempts within a second; nothing is published yet, so trying again publishes nothing twice.
     _declare(embedded.url, "q")
     embedded.refuse_connections(1.5)
-    result = _publish(embedded.url, {"body": [b"m%d" % i for i in range(20)]}, routingKey="q", connectionTimeout="2")
+    result = publish_table(embedded.url, {"body": [b"m%d" % i for i in range(20)]}, routingKey="q", connectionTimeout="2")
     assert (result.published, result.confirmed) == (20, 20)
     conn = connect(embedded.url)
     assert [body for _, _, body in drain(conn.channel(), "q")] == [b"m%d" % i for i in range(20)]
@@ -110,7 +103,7 @@ def test_a_node_that_comes_back_before_the_first_message_is_waited_out(amqp_url:
     node = LateNode(port, down=1.5)
     try:
         late_url = amqp_url.replace(f":{port}/", f":{node.port}/")
-        result = _publish(late_url, {"body": [b"m%d" % i for i in range(20)]}, routingKey=q, connectionTimeout="5")
+        result = publish_table(late_url, {"body": [b"m%d" % i for i in range(20)]}, routingKey=q, connectionTimeout="5")
     finally:
         node.close()
     assert node.refused >= 2 and (result.published, result.confirmed) == (20, 20)
@@ -125,7 +118,7 @@ def test_a_broker_gone_for_broker_outage_timeout_fails_naming_it(embedded: Embed
     embedded.refuse_connections(3600)
     began = time.monotonic()
     with pytest.raises(AmqpPublishError) as info:
-        _publish(embedded.url, {"body": [b"x"]}, routingKey="q", brokerOutageTimeout="2s", connectionTimeout="2")
+        publish_table(embedded.url, {"body": [b"x"]}, routingKey="q", brokerOutageTimeout="2s", connectionTimeout="2")
     took = time.monotonic() - began
     text = str(info.value)
     assert "brokerOutageTimeout=2s" in text and "nothing was published" in text and "guest:" not in text, text
@@ -136,14 +129,14 @@ def test_inequivalent_declare_queue_is_refused_before_publishing(amqp_url: str, 
     q = names.queue()
     _declare(amqp_url, q, durable=False)
     with pytest.raises(AmqpPublishError, match=rf"queue '{q}'.*406 PRECONDITION_FAILED.*not transient"):
-        _publish(amqp_url, {"body": [b"x"]}, routingKey=q, declareQueue=q)
+        publish_table(amqp_url, {"body": [b"x"]}, routingKey=q, declareQueue=q)
 
 
 def test_injected_nacks(embedded: EmbeddedBroker) -> None:
     _declare(embedded.url, "q")
     embedded.nack_next_publishes(3)
     with pytest.raises(AmqpPublishError, match=r"3 nacked by the broker .* of 20 messages"):
-        _publish(embedded.url, {"body": [b"x"] * 20}, routingKey="q")
+        publish_table(embedded.url, {"body": [b"x"] * 20}, routingKey="q")
 
 
 def test_confirm_timeout(embedded: EmbeddedBroker) -> None:
@@ -151,7 +144,7 @@ def test_confirm_timeout(embedded: EmbeddedBroker) -> None:
     embedded.hold_confirms()
     try:
         with pytest.raises(AmqpPublishError, match=r"5 of 5 messages .* got no confirm within confirmTimeout=0.5s"):
-            _publish(embedded.url, {"body": [b"x"] * 5}, routingKey="q", confirmTimeout="0.5")
+            publish_table(embedded.url, {"body": [b"x"] * 5}, routingKey="q", confirmTimeout="0.5")
     finally:
         embedded.release_confirms()
 
@@ -162,7 +155,7 @@ def test_a_blocked_connection_publishes_nothing_and_fails_saying_why(embedded: E
     embedded.raise_alarm("low on disk")
     try:
         with pytest.raises(AmqpPublishError, match=r"the broker blocked publishing \(memory or disk alarm: low on disk\)"):
-            _publish(embedded.url, {"body": [b"x"] * 50}, routingKey="q", confirmTimeout="1")
+            publish_table(embedded.url, {"body": [b"x"] * 50}, routingKey="q", confirmTimeout="1")
     finally:
         embedded.clear_alarm()
     assert embedded.queue_stats("q")["ready"] == 0  # nothing was written while blocked
@@ -172,7 +165,7 @@ def test_publishing_goes_on_once_the_broker_unblocks(embedded: EmbeddedBroker) -
     _declare(embedded.url, "q")
     embedded.raise_alarm("low on memory")
     threading.Timer(0.5, embedded.clear_alarm).start()
-    result = _publish(embedded.url, {"body": [b"x"] * 50}, routingKey="q", confirmTimeout="10")
+    result = publish_table(embedded.url, {"body": [b"x"] * 50}, routingKey="q", confirmTimeout="10")
     assert result.confirmed == 50 and embedded.queue_stats("q")["ready"] == 50
 
 
@@ -181,14 +174,14 @@ def test_connection_dropped_mid_publish_fails(embedded: EmbeddedBroker) -> None:
     embedded.hold_confirms()
     threading.Timer(0.3, lambda: embedded.drop_connections(name_contains="spark-amqp sink")).start()
     with pytest.raises(AmqpPublishError, match=r"not confirmed: the broker closed the connection"):
-        _publish(embedded.url, {"body": [b"x"] * 50}, routingKey="q", maxInFlight="10")
+        publish_table(embedded.url, {"body": [b"x"] * 50}, routingKey="q", maxInFlight="10")
     embedded.release_confirms()
 
 
 def test_window_limits_outstanding_confirms(embedded: EmbeddedBroker) -> None:
     _declare(embedded.url, "q")
     embedded.hold_confirms(0.5)
-    result = _publish(embedded.url, {"body": [b"x"] * 30}, routingKey="q", maxInFlight="7", confirmTimeout="5")
+    result = publish_table(embedded.url, {"body": [b"x"] * 30}, routingKey="q", maxInFlight="7", confirmTimeout="5")
     assert result.confirmed == 30
     assert embedded.queue_stats("q")["ready"] == 30
 
@@ -210,7 +203,7 @@ def test_window_limits_outstanding_confirms(embedded: EmbeddedBroker) -> None:
 def test_bad_values_fail_before_publishing_the_batch(embedded: EmbeddedBroker, table: dict, fragment: str) -> None:  # type: ignore[type-arg]
     _declare(embedded.url, "q")
     with pytest.raises(AmqpOptionError) as info:
-        _publish(embedded.url, table, routingKey="q", maxMessageSize="10")
+        publish_table(embedded.url, table, routingKey="q", maxMessageSize="10")
     assert fragment in str(info.value)
     assert embedded.queue_stats("q")["ready"] == 0
 
@@ -224,13 +217,13 @@ def test_a_body_over_the_brokers_default_max_message_size_fails_before_it_is_pub
     table = {"body": [b"small", b"x" * (16 * 1024 * 1024 + 1)]}
     if broker_version >= (4, 0):
         with pytest.raises(AmqpOptionError) as info:
-            _publish(amqp_url, table, routingKey=q)
+            publish_table(amqp_url, table, routingKey=q)
         assert "row 1 of this partition" in str(info.value) and "default max_message_size, 16777216" in str(info.value)
         assert ready_count(amqp_url, q) == 0
     else:
-        assert _publish(amqp_url, table, routingKey=q).confirmed == 2
+        assert publish_table(amqp_url, table, routingKey=q).confirmed == 2
     with pytest.raises(AmqpOptionError, match=r"maxMessageSize 6\)"):  # the option, when given, is the limit everywhere
-        _publish(amqp_url, {"body": [b"x" * 7]}, routingKey=q, maxMessageSize="6")
+        publish_table(amqp_url, {"body": [b"x" * 7]}, routingKey=q, maxMessageSize="6")
 
 
 def test_a_bad_value_in_a_later_batch_names_its_row_in_the_partition(embedded: EmbeddedBroker) -> None:

@@ -14,8 +14,8 @@ from spark_amqp.streams.batch import StreamBatchReader
 from spark_amqp.streams.options import parse_stream_options
 
 from ..brokers import version
-from ..streams.test_reading import declare_stream
-from .test_publisher import _publish
+from ..streams.helpers import declare_stream
+from .helpers import publish_table
 
 # Printed by com.rabbitmq:stream-client 1.11.0's own HashRoutingStrategy.route() (java -cp, partitions
 # p-0..p-(n-1)), not computed here: key -> (signed 32-bit hash, partition of 3, of 5, of 7).
@@ -66,9 +66,9 @@ def test_a_super_stream_write_reads_back_from_the_partitions_its_keys_pick(amqp_
     _super_stream(amqp_url, name, 3)
     keys = sorted(JAVA_CLIENT)
     # partition_key picks the partition; routing_key alone would be the key without it.
-    result = _publish(amqp_url, {"body": [f"m-{k}" for k in keys], "partition_key": keys}, superStream=name)
+    result = publish_table(amqp_url, {"body": [f"m-{k}" for k in keys], "partition_key": keys}, superStream=name)
     assert result.confirmed == len(keys)
-    _publish(amqp_url, {"body": ["by-routing-key"], "routing_key": ["order-2"]}, superStream=name)
+    publish_table(amqp_url, {"body": ["by-routing-key"], "routing_key": ["order-2"]}, superStream=name)
     expected = sorted(
         [(f"{name}-{JAVA_CLIENT[k][1]}", f"m-{k}", f"{name}-{JAVA_CLIENT[k][1]}") for k in keys]
         + [(f"{name}-2", "by-routing-key", f"{name}-2")]
@@ -81,7 +81,7 @@ def test_a_partition_key_longer_than_a_routing_key_may_be_still_routes(amqp_url:
     name = names.queue("orders")
     _super_stream(amqp_url, name, 3)
     key = "customer-" + "x" * 300
-    assert _publish(amqp_url, {"body": ["long"], "partition_key": [key]}, superStream=name).confirmed == 1
+    assert publish_table(amqp_url, {"body": ["long"], "partition_key": [key]}, superStream=name).confirmed == 1
     partition = f"{name}-{partition_of(key, 3)}"
     assert _read_back(amqp_url, name) == [(partition, "long", partition)]
 
@@ -91,7 +91,7 @@ def test_a_filter_value_column_lets_a_filtered_read_take_only_its_rows(amqp_url:
     _super_stream(amqp_url, name, 2)
     n = 300
     regions = [("eu", "us", "ap")[i % 3] if i % 10 else None for i in range(n)]
-    _publish(
+    publish_table(
         amqp_url,
         {"body": [str(i) for i in range(n)], "partition_key": [str(i) for i in range(n)], "region": regions},
         superStream=name,
@@ -115,10 +115,10 @@ def test_a_row_without_a_key_or_a_super_stream_without_partitions_publishes_noth
         AmqpOptionError,
         match=r"column 'partition_key', row 1 of this partition \(null\): a row needs a key .* nothing of this partition was published",
     ):
-        _publish(amqp_url, {"body": ["a", "b"], "partition_key": ["k", None]}, superStream=name)
+        publish_table(amqp_url, {"body": ["a", "b"], "partition_key": ["k", None]}, superStream=name)
     assert _read_back(amqp_url, name) == []
     with pytest.raises(AmqpPublishError, match=rf"super stream '{name}-x': no partition stream '{name}-x-0' found.*nothing was published"):
-        _publish(amqp_url, {"body": ["a"], "partition_key": ["k"]}, superStream=f"{name}-x")
+        publish_table(amqp_url, {"body": ["a"], "partition_key": ["k"]}, superStream=f"{name}-x")
 
 
 def test_super_stream_options_and_columns_are_checked_up_front() -> None:

@@ -13,8 +13,8 @@ from typing import Any
 import pika
 import pyarrow as pa
 import pytest
+from spark_amqp_broker import EmbeddedBroker
 
-from spark_amqp.broker import EmbeddedBroker
 from spark_amqp.errors import AmqpOptionError, AmqpPublishError, StreamResponseError
 from spark_amqp.sink.columns import MessageBuilder
 from spark_amqp.sink.options import parse_sink_options

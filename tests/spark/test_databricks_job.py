@@ -8,7 +8,7 @@ import pytest
 from ..broker.helpers import wait_for
 from ..brokers import counts, publish
 from .deploy_job import databricks_job
-from .test_source_stream import _rows
+from .file_sink import rows_written
 
 pytestmark = pytest.mark.spark
 JOB = databricks_job()
@@ -47,6 +47,6 @@ def test_processing_time_batches_stop_once_the_queue_is_drained(spark, amqp_url:
     finally:
         spark.conf.unset("spark.sql.streaming.noDataProgressEventInterval")
     assert not query.isActive and said and "drained" in said[-1]
-    assert sorted(r["message_id"] for r in _rows(spark, out)) == sorted(f"id{i}" for i in range(250))
+    assert sorted(r["message_id"] for r in rows_written(spark, out)) == sorted(f"id{i}" for i in range(250))
     # Every batch was acknowledged before the query stopped: nothing comes back.
     assert wait_for(lambda: counts(amqp_url, q, embedded_or_none) == (0, 0), timeout=20)

@@ -9,7 +9,7 @@ once at a random moment. With a journal every message must reach the table exact
 one the query must fail, loudly, before the broker drops any.
 
 Runs on every RabbitMQ 4.x in AMQP_TEST_BROKERS; the embedded broker's side of it is
-covered without Spark (tests/source/test_delivery_limit.py).
+covered without Spark (tests/queues/test_delivery_limit.py).
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ import pytest
 
 from .. import brokers
 from ..broker.helpers import connect, consume_n, ready_count, wait_for
-from .test_exactly_once import Job, _ids, _kill_between_delta_commit_and_commit_log, _offsets_logged
+from .crash_jobs import TIMEOUT, Budget, Job, kill_between_delta_commit_and_commit_log, message_ids, offsets_logged
 
-pytestmark = [pytest.mark.spark, pytest.mark.delta, pytest.mark.timeout(1800)]
+# The query is started several times, and the test's waits share one Budget (crash_jobs.py says why these numbers).
+pytestmark = [pytest.mark.spark, pytest.mark.delta, pytest.mark.timeout(TIMEOUT)]
 
 AGED_MESSAGES = 400
 MESSAGES = 1600  # the aged ones, then fresh ones published while the query is killed
@@ -44,7 +45,7 @@ def url(request: pytest.FixtureRequest) -> str:
     return found[0]
 
 
-def _aged_quorum_queue(url: str, queue: str) -> None:
+def _aged_quorum_queue(url: str, queue: str, budget: Budget) -> None:
     conn = connect(url)
     ch = conn.channel()
     ch.queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
@@ -56,7 +57,7 @@ def _aged_quorum_queue(url: str, queue: str) -> None:
         conn = connect(url)
         ch = conn.channel()
         ch.basic_qos(prefetch_count=AGED_MESSAGES)
-        assert len(consume_n(conn, ch, queue, AGED_MESSAGES, timeout=30)) == AGED_MESSAGES
+        assert len(consume_n(conn, ch, queue, AGED_MESSAGES, timeout=budget.left(30))) == AGED_MESSAGES
         conn.close()  # unacked: a return that counts
 
 
@@ -81,30 +82,31 @@ def _publish_fresh(url: str, queue: str) -> threading.Thread:
 @pytest.mark.parametrize("journal", [True, False], ids=["journal", "no-journal"])
 def test_a_query_that_keeps_dying_never_lets_the_delivery_limit_drop_a_message(spark, url: str, tmp_path: Path, journal: bool) -> None:  # type: ignore[no-untyped-def]
     queue = f"test.limit.{random.getrandbits(32):08x}"
-    _aged_quorum_queue(url, queue)
+    budget = Budget()
+    _aged_quorum_queue(url, queue, budget)
     try:
         if not journal:
             job = Job(url, queue, tmp_path, False)
-            assert job.wait(300) != 0
+            assert job.wait(budget.left(300)) != 0
             output = job.output()
             assert f"queue '{queue}'" in output and f"x-delivery-count {AGED}" in output and "journalLocation" in output, output[-3000:]
             assert ready_count(url, queue) == AGED_MESSAGES  # failed before the broker dropped any
             return
         publisher = _publish_fresh(url, queue)
         rng = random.Random(11)
-        _kill_between_delta_commit_and_commit_log(url, queue, tmp_path, True)
+        kill_between_delta_commit_and_commit_log(url, queue, tmp_path, True, budget)
         # With the kill above, two returns: a query that held the aged messages unacknowledged would lose them.
         job = Job(url, queue, tmp_path, True)
-        planned = _offsets_logged(tmp_path)
-        job.wait_started()
-        wait_for(lambda: _offsets_logged(tmp_path) > planned or job.proc.poll() is not None, timeout=180)
+        planned = offsets_logged(tmp_path)
+        job.wait_started(budget.left(180))
+        wait_for(lambda: offsets_logged(tmp_path) > planned or job.proc.poll() is not None, timeout=budget.left(180))
         time.sleep(rng.uniform(0.0, 2.0))  # a random moment while batches run
         job.kill()
-        publisher.join(120)
+        publisher.join(budget.left(120))
         assert not publisher.is_alive()
         final = Job(url, queue, tmp_path, True, "--available-now")
-        assert final.wait(300) == 0, final.output()[-3000:]
-        ids = _ids(spark, tmp_path / "table")
+        assert final.wait(budget.left(300)) == 0, final.output()[-3000:]
+        ids = message_ids(spark, tmp_path / "table")
         assert set(ids) == {f"m-{i:05d}" for i in range(MESSAGES)} and max(ids.values()) == 1
         assert ready_count(url, queue) == 0
     finally:

@@ -14,15 +14,13 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pyarrow.parquet as pq
 import pytest
-
-from spark_amqp.broker import EmbeddedBroker
+from spark_amqp_broker import EmbeddedBroker
 
 from ..broker.helpers import connect, drain
 from ..brokers import counts, publish
@@ -34,8 +32,9 @@ JOB = Path(__file__).with_name("deploy_job.py")
 HIDDEN = Path(__file__).with_name("hidden")
 MESSAGES = 500
 # A local Spark Connect server listens on port 15002 (PySpark picks a free one only with SPARK_TESTING,
-# which changes more than that): runs on one machine (CI runs two PySpark lines at once) take turns.
-CONNECT_LOCK = Path(tempfile.gettempdir()) / "spark-amqp-connect-15002.lock"
+# which changes more than that): runs on one machine (CI runs several lanes at once) take turns. The lock
+# is in the checkout, which every lane sees, the Python 3.13 lane's chroot included (its /tmp is its own).
+CONNECT_LOCK = Path(__file__).resolve().parents[2] / ".cache" / "spark-amqp-connect-15002.lock"
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +57,7 @@ def _run(mode: str, url: str, work: Path, queues: tuple[str, str], register: boo
     if register:
         args.append("--register")
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HIDDEN), env.get("PYTHONPATH")) if p)
+    CONNECT_LOCK.parent.mkdir(exist_ok=True)
     with CONNECT_LOCK.open("w") as lock:
         if mode == "connect":
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes

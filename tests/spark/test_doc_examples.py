@@ -21,10 +21,9 @@ from typing import Any
 
 import pika
 import pytest
+from spark_amqp_broker import EmbeddedBroker
 
-from spark_amqp.broker import EmbeddedBroker
-
-from ..test_docs import PAGES, Block, code_blocks
+from ..markdown import PAGES, Block, code_blocks
 
 PASSWORD = "guest"
 PLACEHOLDER_URI = "amqps://etl@rabbit.internal:5671/prod"

@@ -5,8 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-
-from spark_amqp.broker import EmbeddedBroker
+from spark_amqp_broker import EmbeddedBroker
 
 from ..broker.helpers import connect, drain, wait_for
 from ..brokers import counts, publish

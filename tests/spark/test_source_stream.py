@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import datetime
-import glob
 import json
 import threading
 import time
 
 import pika
 import pytest
-
-from spark_amqp.broker import EmbeddedBroker
-from spark_amqp.reading.arrow import SCHEMA_DDL
+from spark_amqp_broker import EmbeddedBroker
 
 from ..broker.helpers import wait_for
 from ..brokers import counts, publish
+from .file_sink import rows_written
 from .triggers import AVAILABLE_NOW_DRAINS, PYSPARK_LINE, run_to_the_end
 
 pytestmark = pytest.mark.spark
@@ -27,13 +25,6 @@ def _stream(spark, url: str, queue: str, **options: object):  # type: ignore[no-
     for key, value in options.items():
         reader = reader.option(key, str(value))
     return reader.load()
-
-
-def _rows(spark, path) -> list:  # type: ignore[no-untyped-def,type-arg]
-    if not glob.glob(f"{path}/*.parquet"):
-        return []
-    # The file sink's own log decides which files are committed; the schema is the source's.
-    return spark.read.schema(SCHEMA_DDL).parquet(str(path)).collect()
 
 
 def test_round_trip_exactly_n_rows_and_every_field(spark, amqp_url: str, names, embedded_or_none, tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -69,8 +60,8 @@ def test_round_trip_exactly_n_rows_and_every_field(spark, amqp_url: str, names, 
     df = _stream(spark, amqp_url, q, maxMessagesPerTrigger=120)
     writer = df.writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(ckpt))
     # The last batch is acked too (an AvailableNow run's is never committed by Spark).
-    run_to_the_end(writer, lambda: len(_rows(spark, out)) >= 300 and counts(amqp_url, q, embedded_or_none) == (0, 0))
-    all_rows = _rows(spark, out)
+    run_to_the_end(writer, lambda: len(rows_written(spark, out)) >= 300 and counts(amqp_url, q, embedded_or_none) == (0, 0))
+    all_rows = rows_written(spark, out)
     rows = {r["message_id"]: r for r in all_rows}
     assert len(all_rows) == 300 and len(rows) == 300
     f = rows["full"]
@@ -115,12 +106,13 @@ def test_failed_batch_is_not_acked_and_arrives_after_restart(spark, amqp_url: st
         _stream(spark, amqp_url, q).writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(ckpt)).start()
     )
     try:
-        wait_for(lambda: len(_rows(spark, out)) >= 60, timeout=120, interval=1)
-        time.sleep(2)
-        rows = _rows(spark, out)
+        wait_for(lambda: len(rows_written(spark, out)) >= 60, timeout=120, interval=1)
+        # Every message acked: each batch that holds one is committed (acks come after the commit), so the
+        # rows read after this are all there will be, duplicates included.
+        wait_for(lambda: counts(amqp_url, q, embedded_or_none) == (0, 0), timeout=30)
+        rows = rows_written(spark, out)
         assert sorted(r["message_id"] for r in rows) == sorted(f"id{i}" for i in range(60))
         assert all(r["redelivered"] for r in rows)
-        wait_for(lambda: counts(amqp_url, q, embedded_or_none) == (0, 0), timeout=30)
     finally:
         query.stop()
 
@@ -149,11 +141,11 @@ def test_idle_stream_acks_its_last_batch_and_reports_its_backlog(spark, amqp_url
         .start()
     )
     try:
-        wait_for(lambda: len(_rows(spark, out)) >= 40, timeout=120, interval=0.5)
+        wait_for(lambda: len(rows_written(spark, out)) >= 40, timeout=120, interval=0.5)
         # Nothing new arrives, so Spark never calls commit for the last batch; acks still happen.
         assert wait_for(lambda: counts(amqp_url, q, embedded_or_none) == (0, 0), timeout=15)
         assert query.isActive
-        assert len(_rows(spark, out)) == 40
+        assert len(rows_written(spark, out)) == 40
         if PYSPARK_REPORTS_BACKLOG:  # Spark 4.2+ shows reportLatestOffset() in the progress
             assert wait_for(lambda: _backlogs(query, q)[-1:] == [0], timeout=30, interval=0.2)
             assert max(_backlogs(query, q)) > 0  # reported while the queue drained, then 0
@@ -177,10 +169,10 @@ def test_several_queues_in_one_stream_including_quorum(spark, amqp_url: str, nam
 
     def done() -> bool:
         acked = counts(amqp_url, classic, embedded_or_none) == (0, 0) and counts(amqp_url, quorum, embedded_or_none) == (0, 0)
-        return acked and len(_rows(spark, out)) >= 60
+        return acked and len(rows_written(spark, out)) >= 60
 
     run_to_the_end(writer, done)
-    rows = _rows(spark, out)
+    rows = rows_written(spark, out)
     by_queue: dict[str, int] = {}
     for r in rows:
         by_queue[r["queue"]] = by_queue.get(r["queue"], 0) + 1
@@ -279,9 +271,9 @@ def test_consumer_timeout_with_a_longer_trigger_interval(spark, tmp_path) -> Non
             .start()
         )
         try:
-            wait_for(lambda: len(_rows(spark, out)) >= 30, timeout=150, interval=1)
+            wait_for(lambda: len(rows_written(spark, out)) >= 30, timeout=150, interval=1)
             wait_for(lambda: broker.queue_stats("q") == {"ready": 0, "unacked": 0, "consumers": 1}, timeout=30)
-            rows = _rows(spark, out)
+            rows = rows_written(spark, out)
             assert sorted(r["message_id"] for r in rows) == sorted(f"id{i}" for i in range(30))
         finally:
             query.stop()
@@ -322,10 +314,11 @@ def test_connection_dropped_mid_stream(spark, tmp_path) -> None:  # type: ignore
                 # after the previous drop the source may still be reconnecting: drop it once it is back
                 wait_for(lambda: broker.drop_connections(name_contains="spark-amqp source") >= 1, timeout=60, interval=0.2)
             assert done.wait(120)
-            wait_for(lambda: len(_rows(spark, out)) >= total, timeout=120, interval=1)
+            wait_for(lambda: len(rows_written(spark, out)) >= total, timeout=120, interval=1)
+            # Nothing ready or unacked: every batch that holds a message is committed (acks come after the commit),
+            # redelivered copies included, so the rows read after this are all there will be.
             wait_for(lambda: broker.queue_stats("q")["unacked"] == 0 and broker.queue_stats("q")["ready"] == 0, timeout=30)
-            time.sleep(2)
-            ids = [r["message_id"] for r in _rows(spark, out)]
+            ids = [r["message_id"] for r in rows_written(spark, out)]
             assert len(ids) == total and len(set(ids)) == total
         finally:
             query.stop()
@@ -343,7 +336,7 @@ def test_stopping_the_query_closes_the_consumer_cleanly(spark, tmp_path) -> None
         wait_for(lambda: broker.queue_stats("q")["unacked"] == 50, timeout=120)
         query.stop()
         # The source closes its connection when Spark stops it (through stop() or SIGTERM;
-        # tests/source checks the handler), and the 50 unacked messages are back at once.
+        # tests/queues/test_runtime.py checks the handler), and the 50 unacked messages are back at once.
         # Closed, not dropped: a connection the broker only finds dead (missed heartbeats) ends "lost".
         wait_for(lambda: broker.queue_stats("q") == {"ready": 50, "unacked": 0, "consumers": 0}, timeout=60)
         ended = [how for name, how in broker.ended_connections() if name.startswith("spark-amqp source")]

@@ -22,7 +22,7 @@ from spark_amqp.streams.ranges import StreamRange
 
 from ..broker.helpers import wait_for
 from ..brokers import STREAM_URLS, version
-from ..streams.test_reading import add_partition, declare_stream, offsets_and_ids, options, publish, super_stream
+from ..streams.helpers import add_partition, declare_stream, offsets_and_ids, options, publish, super_stream
 
 pytestmark = [pytest.mark.spark, pytest.mark.streams]
 PYSPARK_42 = tuple(int(p) for p in pyspark.__version__.split(".")[:2]) >= (4, 2)

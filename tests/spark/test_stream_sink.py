@@ -40,7 +40,7 @@ def stream_url() -> Iterator[str]:
     if STREAM_BROKERS:
         yield STREAM_BROKERS[max(STREAM_BROKERS, key=lambda name: tuple(int(p) for p in name.split(".")))]
         return
-    from spark_amqp.broker import EmbeddedBroker
+    from spark_amqp_broker import EmbeddedBroker
 
     with EmbeddedBroker() as broker:
         yield broker.stream_url

@@ -13,8 +13,8 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from spark_amqp_broker import EmbeddedBroker
 
-from spark_amqp.broker import EmbeddedBroker
 from spark_amqp.option_reader import OptionReader
 from spark_amqp.transport.options import ConnectionOptions, parse_connection
 from tests.brokers import REAL

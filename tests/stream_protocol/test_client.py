@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import struct
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pika
@@ -22,38 +21,9 @@ from spark_amqp.stream_protocol.wire import Key
 from tests.brokers import version_of
 
 from .conftest import stream_options
+from .helpers import publish, run, until
 
 Node = tuple[str, str, str]
-
-
-def run(url: str, body: Callable[[StreamClient], Awaitable[Any]], **extra: str) -> Any:
-    async def main() -> Any:
-        client = await StreamClient.connect(stream_options(url, **extra), "spark-amqp test")
-        try:
-            return await body(client)
-        finally:
-            await client.close()
-
-    return asyncio.run(main())
-
-
-async def until(check: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
-
-
-async def publish(client: StreamClient, stream: str, messages: list[bytes], reference: str = "", first_id: int = 1) -> list[int]:
-    """Publish and wait for every confirm; the publishing ids confirmed."""
-    confirmed: list[int] = []
-    errors: list[tuple[int, int]] = []
-    await client.declare_publisher(9, reference, stream, confirmed.extend, errors.extend)
-    client.publish(9, [(first_id + i, m) for i, m in enumerate(messages)])
-    await until(lambda: len(confirmed) + len(errors) >= len(messages))
-    await client.delete_publisher(9)
-    assert errors == []
-    return confirmed
 
 
 async def read(client: StreamClient, stream: str, offset: tuple[int, int], want: int, sub: int = 1) -> list[tuple[int, bytes]]:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import gzip
 import struct
 import uuid
-import zlib
 
 import pytest
 
@@ -55,29 +53,6 @@ def test_a_chunk_cut_short_is_refused() -> None:
         chunks.records(chunk[:-2], chunks.read_header(chunk))
     with pytest.raises(DecodeError, match="shorter"):
         chunks.read_header(chunk[:20])
-
-
-def _sub_batch_chunk(messages: list[bytes], compression: int) -> bytes:
-    """A chunk of one sub-batch entry, as the Java client writes with subEntrySize (osiris_log.erl's layout)."""
-    plain = b"".join(struct.pack(">I", len(m)) + m for m in messages)
-    body = gzip.compress(plain) if compression == 1 else plain
-    entry = struct.pack(">BHII", 0x80 | (compression << 4), len(messages), len(plain), len(body)) + body
-    head = chunks.HEADER.pack(0x51, 0, 1, len(messages), 0, 1, 100, zlib.crc32(entry), len(entry), 0, 0)
-    return head + entry
-
-
-@pytest.mark.parametrize("compression", [0, 1])
-def test_sub_batches_plain_and_gzip_give_every_message(compression: int) -> None:
-    chunk = _sub_batch_chunk([b"x", b"yy", b"zzz"], compression)
-    assert chunks.records(chunk, chunks.read_header(chunk)) == [b"x", b"yy", b"zzz"]
-
-
-def test_a_sub_batch_compressed_otherwise_names_its_compression() -> None:
-    chunk = _sub_batch_chunk([b"x"], 0)
-    chunk = chunk[:48] + bytes([0x80 | (4 << 4)]) + chunk[49:]  # zstd
-    header = chunks.read_header(chunk)
-    with pytest.raises(DecodeError, match="zstd"):
-        chunks.records(chunk, header, check_crc=False)
 
 
 @pytest.mark.parametrize(

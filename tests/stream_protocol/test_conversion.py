@@ -18,17 +18,16 @@ from typing import Any
 
 import pika
 import pytest
+from spark_amqp_broker import EmbeddedBroker
+from spark_amqp_broker.handshake import MODELLED_VERSION
 
-from spark_amqp.broker import EmbeddedBroker
-from spark_amqp.broker.handshake import MODELLED_VERSION
 from spark_amqp.stream_protocol import amqp10, chunks
 from spark_amqp.stream_protocol.amqp10_types import Symbol, Timestamp
 from spark_amqp.stream_protocol.client import OffsetSpec, StreamClient
 from tests.brokers import REAL, version_of
 
 from .conftest import STREAM_BROKERS, stream_options
-from .test_client import publish, until
-from .test_rows import native_messages
+from .helpers import native_messages, publish, until
 
 # Headers in key order: the embedded broker sorts a message's headers when it takes it, RabbitMQ
 # keeps the publisher's order in the AMQP 1.0 record (and sorts them for its AMQP 0-9-1 readers).

@@ -18,16 +18,15 @@ import pyarrow as pa
 
 from spark_amqp.reading import arrow
 from spark_amqp.stream_protocol import amqp10, chunks
-from spark_amqp.stream_protocol.amqp10_types import Symbol, Timestamp
 from spark_amqp.stream_protocol.client import OffsetSpec, StreamClient
 from spark_amqp.stream_protocol.rows import Conversion, RowMaker
 from spark_amqp.streams.range_reader import read_range
 from spark_amqp.streams.ranges import StreamRange
 from tests.brokers import version_of
 
-from ..streams.test_reading import options
+from ..streams.helpers import options
 from .conftest import stream_options
-from .test_client import publish, until
+from .helpers import native_messages, publish, until
 
 Node = tuple[str, str, str]
 
@@ -53,37 +52,6 @@ PIKA_MESSAGES = [
     ),
     (b"transient", pika.BasicProperties(delivery_mode=1, headers={"x-stream-filter-value": "eu"})),
 ]  # fmt: skip
-
-
-def native_messages(version: tuple[int, int]) -> list[bytes]:
-    """AMQP 1.0 messages an AMQP 0-9-1 reader of that version can take."""
-    props = [
-        "id-1",
-        b"guest",
-        None,
-        None,
-        "rt",
-        "cid",
-        Symbol("application/json"),
-        Symbol("utf8"),
-        None,
-        Timestamp(1_700_000_000_123),
-        "group",
-    ]
-    out = [
-        amqp10.encode(b"data only"),
-        amqp10.encode(b"props", properties=props),
-        amqp10.encode(b"apps", application_properties={"s": "x", "ts": Timestamp(1_704_164_645_000), "bin": b"\xff\x00", "n": None}),
-        amqp10.encode(b"routed", annotations={Symbol("x-exchange"): "ex", Symbol("x-routing-key"): "rk"}),
-    ]
-    if version >= (4, 0):  # 3.10 refuses these for AMQP 0-9-1 (541): a header section, ulongs, symbols, other annotations
-        out += [
-            amqp10.encode(b"header", header=[True, 7, 5000]),
-            amqp10.encode(b"ints", application_properties={"i": 42, "neg": -7, "b": False, "sym": Symbol("sy")}),
-            amqp10.encode(b"annotated", annotations={Symbol("x-opt-foo"): "bar"}),
-            b"\x00Su\xa0\x03one\x00Su\xa0\x03two",
-        ]
-    return out
 
 
 def test_both_protocols_read_the_same_rows(stream_node: Node, stream_name: str) -> None:

@@ -18,7 +18,7 @@ from spark_amqp.stream_protocol import chunks
 from spark_amqp.stream_protocol.client import OffsetSpec, StreamClient
 from spark_amqp.stream_protocol.wire import Key, frame, string
 
-from .test_client import publish, run, until
+from .helpers import publish, run, until
 
 Node = tuple[str, str, str]
 ENTRY = 10  # tracking type, id size, sequence

@@ -12,17 +12,9 @@ from spark_amqp.streams.batch import StreamBatchReader, resolve_bounds
 from spark_amqp.streams.options import parse_stream_options
 from spark_amqp.streams.planner import StreamPlanner
 
-from .test_reading import _truncated_stream, declare_stream, next_second, options, publish
+from .helpers import declare_stream, next_second, options, publish, read_all, truncated_stream
 
 pytestmark = pytest.mark.streams
-
-
-def read_all(reader: StreamBatchReader) -> list[tuple[int, str]]:
-    rows = []
-    for part in reader.partitions():
-        for batch in reader.read(part):
-            rows += zip(batch.column("offset").to_pylist(), batch.column("message_id").to_pylist(), strict=True)
-    return rows
 
 
 def test_a_range_by_offsets_is_read_exactly_and_again_the_same(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
@@ -81,7 +73,7 @@ def test_a_streaming_query_refuses_ending_options(amqp_url: str, names) -> None:
 
 def test_retention_past_the_start_fails_or_is_skipped(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
     s = names.queue("stream")
-    head = _truncated_stream(amqp_url, s)
+    head = truncated_stream(amqp_url, s)
     bounds = {"startingOffsets": json.dumps({s: 0}), "endingOffsets": json.dumps({s: head + 5})}
     with pytest.raises(AmqpSourceError, match=rf"stream '{s}': offsets 0 to {head - 1} \({head}\) were removed"):
         read_all(StreamBatchReader(options(amqp_url, s, **bounds)))

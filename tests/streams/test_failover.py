@@ -10,14 +10,14 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from spark_amqp_broker import EmbeddedBroker
 
-from spark_amqp.broker import EmbeddedBroker
 from spark_amqp.streams.options import StreamSourceOptions, parse_stream_options
 from spark_amqp.streams.planner import StreamPlanner
 from spark_amqp.streams.range_reader import read_range
 from spark_amqp.streams.ranges import StreamRange
 
-from .test_reading import declare_stream, publish
+from .helpers import declare_stream, publish
 
 pytestmark = [pytest.mark.streams, pytest.mark.embedded_only]
 

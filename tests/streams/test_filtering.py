@@ -13,15 +13,15 @@ import pytest
 from spark_amqp.errors import AmqpSourceError
 from spark_amqp.streams import access, range_base
 from spark_amqp.streams.batch import StreamBatchReader
+from spark_amqp.streams.range_reader import read_range
 from spark_amqp.streams.ranges import StreamRange
 
-from ..broker.test_stream_filter import burst
+from ..broker.raw import burst
 from ..brokers import version
-from .test_reading import declare_stream, options, planner, planners, read_over, read_range
+from .helpers import declare_stream, options, planner
 
-__all__ = ["planners", "read_over"]  # read_over: every test here also reads over the stream protocol
-
-pytestmark = pytest.mark.streams
+# read_over (conftest.py): every test here runs twice, reading over AMQP 0-9-1 and over the stream protocol.
+pytestmark = [pytest.mark.streams, pytest.mark.usefixtures("read_over")]
 
 
 def make_stream(url: str, name: str) -> list[str | None]:

@@ -10,9 +10,7 @@ import pytest
 from spark_amqp.errors import AmqpSourceError
 from spark_amqp.streams.offset import StreamOffset, mark_of
 
-from .test_reading import _raises_within, declare_stream, delete_queue, options, planner, planners, publish
-
-__all__ = ["planners"]  # the fixture, imported for the tests below
+from .helpers import declare_stream, delete_queue, options, planner, publish, raises_within
 
 pytestmark = pytest.mark.streams
 
@@ -94,5 +92,5 @@ def test_a_stream_declared_again_under_a_running_query_is_told_apart(amqp_url: s
     delete_queue(amqp_url, s)
     declare_stream(amqp_url, s)
     publish(amqp_url, s, 100, 30)
-    message = _raises_within(lambda: p.latest_offset(end, None, True), timeout=40)
+    message = raises_within(lambda: p.latest_offset(end, None, True), timeout=40)
     assert f"stream '{s}' holds another message at offset 19" in message, message

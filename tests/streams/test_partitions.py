@@ -10,10 +10,7 @@ from spark_amqp.streams.batch import StreamBatchReader
 from spark_amqp.streams.offset import StreamOffset
 from spark_amqp.streams.options import parse_stream_options
 
-from .test_batch import read_all
-from .test_reading import declare_stream, delete_queue, planner, planners, publish
-
-__all__ = ["planners"]
+from .helpers import declare_stream, delete_queue, planner, publish, read_all
 
 pytestmark = pytest.mark.streams
 

@@ -14,7 +14,7 @@ from spark_amqp.streams.range_reader import read_range
 from spark_amqp.streams.ranges import StreamRange
 
 from ..brokers import STREAM_URLS
-from .test_reading import declare_stream, next_second, publish
+from .helpers import declare_stream, next_second, publish
 
 pytestmark = pytest.mark.streams
 

@@ -10,7 +10,6 @@ import dataclasses
 import itertools
 import json
 import time
-from collections.abc import Iterator
 
 import pika
 import pytest
@@ -18,98 +17,32 @@ import pytest
 from spark_amqp.errors import AmqpSourceError
 from spark_amqp.streams import probe
 from spark_amqp.streams.offset import UNSET, StreamOffset
-from spark_amqp.streams.options import StreamSourceOptions, parse_stream_options
+from spark_amqp.streams.options import parse_stream_options
 from spark_amqp.streams.planner import StreamPlanner
 from spark_amqp.streams.range_reader import read_range
 from spark_amqp.streams.ranges import StreamRange
 
 from ..broker.helpers import wait_for
 from ..broker.raw import StreamClient
-from ..brokers import STREAM_URLS, drop_source_connections
+from ..brokers import drop_source_connections
+from .helpers import (
+    add_partition,
+    declare_stream,
+    delete_queue,
+    latest,
+    next_second,
+    offsets_and_ids,
+    options,
+    planner,
+    publish,
+    raises_within,
+    reading_url,
+    super_stream,
+    truncated_stream,
+)
 
-pytestmark = pytest.mark.streams
-
-
-def declare_stream(url: str, name: str, **arguments: object) -> None:
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    conn.channel().queue_declare(name, durable=True, arguments={"x-queue-type": "stream", **arguments})
-    conn.close()
-
-
-def delete_queue(url: str, name: str) -> None:
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    conn.channel().queue_delete(name)
-    conn.close()
-
-
-def publish(url: str, stream: str, first: int, count: int, size: int = 0) -> None:
-    """Messages ``m<first>`` ... with bodies ``b<i>`` (padded to ``size``), all confirmed."""
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    ch = conn.channel()
-    ch.confirm_delivery()
-    for i in range(first, first + count):
-        ch.basic_publish("", stream, f"b{i}".encode().ljust(size, b"."), pika.BasicProperties(message_id=f"m{i}"))
-    conn.close()
-
-
-def next_second() -> int:
-    """Waits for the next whole second (epoch), and returns it: stream timestamps are per chunk, to the second."""
-    boundary = int(time.time()) + 1
-    assert wait_for(lambda: time.time() >= boundary, timeout=5)
-    return boundary
-
-
-_READ_OVER = ["amqp"]
-
-
-@pytest.fixture(autouse=True, params=["amqp", "stream-protocol"])
-def read_over(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The protocol ``options`` reads over: the test's AMQP 0-9-1 url, or the same broker's stream-protocol url."""
-    if request.param == "stream-protocol" and request.node.get_closest_marker("amqp_only"):
-        pytest.skip("what only the AMQP 0-9-1 reader does")
-    _READ_OVER[0] = request.param
-    yield request.param
-    _READ_OVER[0] = "amqp"
-
-
-def reading_url(url: str) -> str:
-    if _READ_OVER[0] == "amqp":
-        return url
-    stream_url = STREAM_URLS.get(url)
-    if stream_url is None:
-        pytest.skip("this broker's stream protocol port is not known (AMQP_TEST_STREAM_BROKERS)")
-    return stream_url
-
-
-def options(url: str, stream: str, **extra: str) -> StreamSourceOptions:
-    return parse_stream_options({"uri": reading_url(url), "stream": stream, "connectionTimeout": "20", **extra})
-
-
-def offsets_and_ids(opts: StreamSourceOptions, part: StreamRange, batch_rows: int = 10_000) -> list[tuple[int, str]]:
-    return [
-        (offset, mid)
-        for batch in read_range(opts, part, batch_rows)
-        for offset, mid in zip(batch.column("offset").to_pylist(), batch.column("message_id").to_pylist(), strict=True)
-    ]
-
-
-@pytest.fixture
-def planners() -> Iterator[list[StreamPlanner]]:
-    made: list[StreamPlanner] = []
-    yield made
-    for p in made:
-        p.close()
-
-
-def latest(p: StreamPlanner, start: dict[str, int], expected: dict[str, int], use_minimum: bool = True) -> bool:
-    """Whether latestOffset reaches ``expected``, within a few seconds: the planner may reuse an end up to
-    0.1 s old (a safe under-estimate), so just-published messages show up on a later call."""
-    return wait_for(lambda: p.latest_offset(start, None, use_minimum) == StreamOffset.of(expected), timeout=10, interval=0.02)
-
-
-def planner(made: list[StreamPlanner], opts: StreamSourceOptions) -> StreamPlanner:
-    made.append(StreamPlanner(opts))
-    return made[-1]
+# read_over (conftest.py): every test here runs twice, reading over AMQP 0-9-1 and over the stream protocol.
+pytestmark = [pytest.mark.streams, pytest.mark.usefixtures("read_over")]
 
 
 def test_a_range_is_read_exactly_in_offset_order(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
@@ -249,11 +182,11 @@ def test_an_empty_stream_is_not_taken_for_one_declared_again(amqp_url: str, name
     for _ in range(3):
         assert p.latest_offset({s: 20}, None, True) == StreamOffset.of({s: 20})
     publish(amqp_url, s, 0, 5)
-    message = _raises_within(lambda: p.latest_offset({s: 20}, None, True), timeout=20)
+    message = raises_within(lambda: p.latest_offset({s: 20}, None, True), timeout=20)
     assert "ends at offset 5 but this query has read it up to 20" in message
 
 
-def test_a_queue_that_is_not_a_stream_is_refused_before_any_ack(amqp_url: str, names, planners) -> None:  # type: ignore[no-untyped-def]
+def test_a_queue_that_is_not_a_stream_is_refused_before_any_ack(amqp_url: str, names, planners, read_over: str) -> None:  # type: ignore[no-untyped-def]
     q = names.queue("classic")
     conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
     ch = conn.channel()
@@ -263,7 +196,7 @@ def test_a_queue_that_is_not_a_stream_is_refused_before_any_ack(amqp_url: str, n
     opts = options(amqp_url, q)
     started = time.monotonic()
     # The stream protocol sees streams only: there a classic queue is a stream that does not exist.
-    refused = "is not a stream queue.*nothing was acknowledged" if _READ_OVER[0] == "amqp" else "not found.*sees streams only"
+    refused = "is not a stream queue.*nothing was acknowledged" if read_over == "amqp" else "not found.*sees streams only"
     with pytest.raises(AmqpSourceError, match=f"'{q}'.*{refused}.*option 'queue'"):
         planner(planners, opts).initial_offset()
     with pytest.raises(AmqpSourceError, match=refused):
@@ -284,26 +217,9 @@ def test_a_missing_stream_fails_fast_and_says_so(amqp_url: str, names, planners)
     assert time.monotonic() - started < 10
 
 
-def _truncated_stream(url: str, name: str) -> int:
-    """A stream whose retention already removed its first messages; returns its first offset."""
-    declare_stream(url, name, **{"x-max-length-bytes": 20_000, "x-stream-max-segment-size-bytes": 4_000})
-    p = StreamPlanner(options(url, name))
-    published = 0
-    try:
-        while True:
-            publish(url, name, published, 100, size=100)
-            published += 100
-            first = p.client.run(lambda c: p.access.head(c, name), name)
-            if first:
-                return first
-            assert published < 5000, "retention never removed anything"
-    finally:
-        p.close()
-
-
 def test_retention_loss_fails_or_is_skipped(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
     s = names.queue("stream")
-    first = _truncated_stream(amqp_url, s)
+    first = truncated_stream(amqp_url, s)
     with pytest.raises(AmqpSourceError, match=rf"stream '{s}': offsets 0 to {first - 1} \({first}\) were removed .*failOnDataLoss=false"):
         offsets_and_ids(options(amqp_url, s), StreamRange(s, 0, first + 5))
     lenient = offsets_and_ids(options(amqp_url, s, failOnDataLoss="false"), StreamRange(s, 0, first + 5))
@@ -312,7 +228,7 @@ def test_retention_loss_fails_or_is_skipped(amqp_url: str, names) -> None:  # ty
 
 def test_offsets_without_messages_are_not_data_loss(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
     s = names.queue("stream")
-    first = _truncated_stream(amqp_url, s)
+    first = truncated_stream(amqp_url, s)
     p = StreamPlanner(options(amqp_url, s))
     end = p.ends()[s]
     p.close()
@@ -336,12 +252,14 @@ def test_a_super_stream_reads_its_partitions(amqp_url: str, names, planners) -> 
     assert ids == sorted(f"m{100 * i + j}" for i in range(3) for j in range(10 + i))
 
 
-def test_a_dropped_connection_resumes_after_the_last_offset_read(amqp_url: str, names, embedded_or_none, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_dropped_connection_resumes_after_the_last_offset_read(
+    amqp_url: str, names, embedded_or_none, monkeypatch, read_over: str
+) -> None:  # type: ignore[no-untyped-def]
     s = names.queue("stream")
     declare_stream(amqp_url, s)
     publish(amqp_url, s, 0, 3000)
     opened: list = []  # type: ignore[type-arg]
-    if _READ_OVER[0] != "amqp":
+    if read_over != "amqp":
         # rabbitmqctl does not list stream-protocol connections: the test cuts the reader's socket itself.
         from spark_amqp.streams import range_over_protocol
 
@@ -354,7 +272,7 @@ def test_a_dropped_connection_resumes_after_the_last_offset_read(amqp_url: str, 
         monkeypatch.setattr(range_over_protocol.StreamClient, "connect", recorded)
 
     def cut() -> int:
-        if _READ_OVER[0] == "amqp":
+        if read_over == "amqp":
             return drop_source_connections(amqp_url, embedded_or_none, f"spark-amqp stream reader {s}")
         assert opened[-1].transport is not None
         opened[-1].transport.abort()
@@ -402,29 +320,6 @@ def test_available_now_reads_to_where_the_streams_ended_when_the_run_started(amq
     second = p.latest_offset(first.to_json(), None, True)
     assert second == StreamOffset.of({s: 40})  # below the minimum, but the run must end
     assert p.latest_offset(second.to_json(), None, True) == second  # done: Spark ends the run
-
-
-def super_stream(url: str, names, partitions: int, base: str | None = None) -> str:  # type: ignore[no-untyped-def]
-    """A super stream as ``rabbitmq-streams add_super_stream`` makes it (its exchange binds partitions
-    ``<base>-0`` ... in order), each holding 10, 11, 12 ... messages (ids ``m<100 * partition + i>``)."""
-    base = base or names.queue("super")
-    names.exchanges.append(base)
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    ch = conn.channel()
-    ch.exchange_declare(base, "direct", durable=True, arguments={"x-super-stream": True})
-    for i in range(partitions):
-        add_partition(ch, names, base, i)
-        publish(url, f"{base}-{i}", 100 * i, 10 + i)
-    conn.close()
-    return base
-
-
-def add_partition(ch, names, base: str, i: int) -> str:  # type: ignore[no-untyped-def]
-    name = f"{base}-{i}"
-    names.queues.append(name)
-    ch.queue_declare(name, durable=True, arguments={"x-queue-type": "stream"})
-    ch.queue_bind(name, base, str(i), arguments={"x-stream-partition-order": i})
-    return name
 
 
 def _available_now_run(
@@ -510,18 +405,6 @@ def test_an_idle_stream_is_not_probed_again_until_something_is_written(amqp_url:
     assert p.tails.probes == probes + 1
 
 
-def _raises_within(call, timeout: float) -> str:  # type: ignore[no-untyped-def]
-    """The message of the AmqpSourceError ``call`` raises once retried for up to ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            call()
-        except AmqpSourceError as err:
-            return str(err)
-        time.sleep(0.05)
-    raise AssertionError(f"no error within {timeout}s")
-
-
 @pytest.mark.parametrize("again", [False, True], ids=["deleted", "deleted-and-declared-again"])
 def test_a_deleted_stream_fails_the_query_instead_of_stalling(amqp_url: str, names, planners, again: bool) -> None:  # type: ignore[no-untyped-def]
     # The tail watcher gets basic.cancel when its stream goes; an end is also measured again every few seconds.
@@ -534,7 +417,7 @@ def test_a_deleted_stream_fails_the_query_instead_of_stalling(amqp_url: str, nam
     if again:
         declare_stream(amqp_url, s)
         publish(amqp_url, s, 0, 5)
-    message = _raises_within(lambda: p.latest_offset({s: 20}, None, True), timeout=20)
+    message = raises_within(lambda: p.latest_offset({s: 20}, None, True), timeout=20)
     if again:
         assert f"stream '{s}' ends at offset 5 but this query has read it up to 20" in message, message
     else:
@@ -603,7 +486,7 @@ def test_a_range_starting_on_the_oldest_segments_tracking_chunk_is_not_data_loss
     # The batch before ended with the last message of a segment that retention has removed since; the range
     # starts on the offset of the tracking chunk that opens the next segment, now the oldest.
     s = names.queue("stream")
-    first = _truncated_stream(amqp_url, s)
+    first = truncated_stream(amqp_url, s)
     read = offsets_and_ids(options(amqp_url, s), StreamRange(s, first - 1, first + 3))
     assert [o for o, _ in read] == [first, first + 1, first + 2]
 
@@ -613,7 +496,7 @@ def test_a_failed_gap_check_is_not_forgotten(amqp_url: str, names, monkeypatch) 
     from spark_amqp.streams import access, range_base
 
     s = names.queue("stream")
-    first = _truncated_stream(amqp_url, s)
+    first = truncated_stream(amqp_url, s)
     opts = options(amqp_url, s)
     real = access.access_for(opts.connection)
     real_head, calls = real.head, []

@@ -1,0 +1,121 @@
+import com.rabbitmq.stream.Address;
+import com.rabbitmq.stream.Consumer;
+import com.rabbitmq.stream.Environment;
+import com.rabbitmq.stream.OffsetSpecification;
+import com.rabbitmq.stream.Producer;
+import com.rabbitmq.stream.compression.Compression;
+import java.net.URI;
+import java.nio.charset.StandardCharsets;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicLong;
+import java.util.zip.CRC32;
+
+/**
+ * The other side of tests/stream_protocol/test_java_interop.py: RabbitMQ's Java stream client writing
+ * and reading sub-entries compressed with each codec, against which the connector's own reader and sink
+ * are checked.
+ *
+ * <pre>
+ *   make streamclient
+ *   java -cp '.cache/stream-client/*:.cache/stream-client/classes' StreamInterop write URI STREAM CODEC COUNT
+ *   java -cp '.cache/stream-client/*:.cache/stream-client/classes' StreamInterop read URI STREAM COUNT
+ * </pre>
+ *
+ * <p>write: messages with bodies "m-0" .. "m-(COUNT-1)", in sub-entries of 100 compressed with CODEC (none,
+ * gzip, snappy, lz4, zstd: the client's default codec factory), every one confirmed; it prints
+ * "written N". read: the stream's first COUNT messages; it prints "read N crc C", C the CRC-32 of the
+ * bodies in offset order, each followed by a newline. Connections go to the uri's host and port whatever
+ * the broker advertises (several nodes share this machine). A wait that takes longer than 60 s fails.
+ */
+public final class StreamInterop {
+
+  public static void main(String[] args) throws Exception {
+    if (args.length < 4) {
+      System.err.println("usage: StreamInterop write URI STREAM CODEC COUNT | read URI STREAM COUNT");
+      System.exit(2);
+    }
+    URI parsed = new URI(args[1]);
+    Address entry = new Address(parsed.getHost(), parsed.getPort() == -1 ? 5552 : parsed.getPort());
+    try (Environment environment = Environment.builder().uri(args[1]).addressResolver(address -> entry).build()) {
+      if (args[0].equals("write")) {
+        write(environment, args[2], args[3], Integer.parseInt(args[4]));
+      } else {
+        read(environment, args[2], Integer.parseInt(args[3]));
+      }
+    }
+  }
+
+  private static void write(Environment environment, String stream, String codec, int count) throws Exception {
+    CountDownLatch confirmed = new CountDownLatch(count);
+    AtomicLong refused = new AtomicLong();
+    Producer producer =
+        environment.producerBuilder().stream(stream).subEntrySize(100).compression(compression(codec)).build();
+    for (int i = 0; i < count; i++) {
+      byte[] body = ("m-" + i).getBytes(StandardCharsets.UTF_8);
+      producer.send(
+          producer.messageBuilder().addData(body).build(),
+          status -> {
+            if (!status.isConfirmed()) {
+              refused.incrementAndGet();
+            }
+            confirmed.countDown();
+          });
+    }
+    if (!confirmed.await(60, TimeUnit.SECONDS) || refused.get() > 0) {
+      System.err.println("not confirmed: " + confirmed.getCount() + " pending, " + refused.get() + " refused");
+      System.exit(1);
+    }
+    producer.close();
+    System.out.println("written " + count);
+  }
+
+  private static Compression compression(String codec) {
+    switch (codec) {
+      case "none":
+        return Compression.NONE;
+      case "gzip":
+        return Compression.GZIP;
+      case "snappy":
+        return Compression.SNAPPY;
+      case "lz4":
+        return Compression.LZ4;
+      case "zstd":
+        return Compression.ZSTD;
+      default:
+        throw new IllegalArgumentException("unknown codec " + codec);
+    }
+  }
+
+  private static void read(Environment environment, String stream, int count) throws Exception {
+    CountDownLatch done = new CountDownLatch(1);
+    CRC32 crc = new CRC32();
+    AtomicLong seen = new AtomicLong();
+    AtomicLong misplaced = new AtomicLong();
+    Consumer consumer =
+        environment.consumerBuilder().stream(stream).offset(OffsetSpecification.first())
+            .messageHandler(
+                (context, message) -> {
+                  long n = seen.getAndIncrement();
+                  if (n >= count) {
+                    return;
+                  }
+                  if (context.offset() != n) {
+                    misplaced.incrementAndGet();
+                  }
+                  crc.update(message.getBodyAsBinary());
+                  crc.update('\n');
+                  if (n == count - 1) {
+                    done.countDown();
+                  }
+                })
+            .build();
+    boolean whole = done.await(60, TimeUnit.SECONDS);
+    consumer.close();
+    if (!whole) {
+      System.err.println("read " + seen.get() + " of " + count);
+      System.exit(1);
+    }
+    System.out.println("read " + count + " crc " + crc.getValue() + " misplaced " + misplaced.get());
+  }
+}

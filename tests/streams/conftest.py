@@ -1,0 +1,31 @@
+"""The fixtures of the stream-mode tests: the planners a test made, closed after it, and ``read_over``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from spark_amqp.streams.planner import StreamPlanner
+
+from . import helpers
+
+
+@pytest.fixture(params=["amqp", "stream-protocol"])
+def read_over(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The protocol ``helpers.options`` reads over: the test's AMQP 0-9-1 url, or the same broker's stream-protocol
+    url. A module that must behave the same over both asks for it for every test (``usefixtures``); tests of what
+    only the AMQP 0-9-1 reader does are marked ``amqp_only``."""
+    if request.param == "stream-protocol" and request.node.get_closest_marker("amqp_only"):
+        pytest.skip("what only the AMQP 0-9-1 reader does")
+    helpers.READ_OVER[0] = request.param
+    yield request.param
+    helpers.READ_OVER[0] = "amqp"
+
+
+@pytest.fixture
+def planners() -> Iterator[list[StreamPlanner]]:
+    made: list[StreamPlanner] = []
+    yield made
+    for p in made:
+        p.close()
