@@ -1,4 +1,5 @@
-"""Streams on a real broker for the stream sink's tests: create, delete, and read back everything a stream holds."""
+"""Streams on a real broker for the stream sink's tests: create, delete, read back everything a stream holds, and a
+publisher's connection dropped under it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
+
+from spark_amqp.sink.stream_publisher import StreamPartitionPublisher
 from spark_amqp.stream_protocol import chunks
 from spark_amqp.stream_protocol.client import OffsetSpec, StreamClient
 from tests.stream_protocol.conftest import stream_options
@@ -72,3 +76,20 @@ def records(url: str, stream: str) -> list[bytes]:
         return [r for r in got[: got.index(marker)] if not r.startswith(MARKER)]  # earlier reads' markers too
 
     return run(url, body)  # type: ignore[no-any-return]
+
+
+def drop_after(monkeypatch: pytest.MonkeyPatch, confirms: int, times: int = 1) -> list[int]:
+    """Abort the publisher's connection once it has ``confirms`` confirms (``times`` times): a dropped connection."""
+    dropped: list[int] = []
+    original = StreamPartitionPublisher._on_confirm
+
+    def on_confirm(self: StreamPartitionPublisher, target: int, ids: list[int]) -> None:
+        original(self, target, ids)
+        if len(dropped) < times and self.confirmed >= confirms * (len(dropped) + 1) and self._client is not None:
+            dropped.append(self.confirmed)
+            transport = self._client.transport
+            assert transport is not None
+            transport.abort()
+
+    monkeypatch.setattr(StreamPartitionPublisher, "_on_confirm", on_confirm)
+    return dropped

@@ -29,7 +29,7 @@ from spark_amqp.stream_protocol.rows import Conversion, RowMaker
 from tests.brokers import version_of
 
 from ..fake_servers import LateNode
-from .stream_helpers import create, delete, records, run, until
+from .stream_helpers import create, delete, drop_after, records, run, until
 
 Node = tuple[str, str, str]
 
@@ -200,28 +200,11 @@ def test_the_next_batch_is_stored_after_a_replayed_one(stream_node: Node, stream
     assert _bodies(url, stream) == [b"a", b"b", b"c", b"d"]
 
 
-def _drop_after(monkeypatch: pytest.MonkeyPatch, confirms: int, times: int = 1) -> list[int]:
-    """Abort the publisher's connection once it has ``confirms`` confirms (``times`` times): a dropped connection."""
-    dropped: list[int] = []
-    original = StreamPartitionPublisher._on_confirm
-
-    def on_confirm(self: StreamPartitionPublisher, target: int, ids: list[int]) -> None:
-        original(self, target, ids)
-        if len(dropped) < times and self.confirmed >= confirms * (len(dropped) + 1) and self._client is not None:
-            dropped.append(self.confirmed)
-            transport = self._client.transport
-            assert transport is not None
-            transport.abort()
-
-    monkeypatch.setattr(StreamPartitionPublisher, "_on_confirm", on_confirm)
-    return dropped
-
-
 def test_a_dropped_connection_is_reconnected_and_every_row_stored_once(
     stream_node: Node, stream: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("spark_amqp.transport.backoff.FIRST", 0.01)
-    dropped = _drop_after(monkeypatch, 1000, times=2)
+    dropped = drop_after(monkeypatch, 1000, times=2)
     n = 5000
     done = _publish(
         stream_node[1], [{"body": [b"m%d" % i for i in range(k, k + 500)]} for k in range(0, n, 500)], stream=stream, maxInFlight="400"
@@ -237,7 +220,7 @@ def test_a_task_failed_mid_partition_and_retried_stores_every_row_once(
     producer = producer_for("query-2", 1, 0)
     table = [{"body": [b"m%d" % i for i in range(k, k + 500)]} for k in range(0, 3000, 500)]
     with monkeypatch.context() as patch:
-        _drop_after(patch, 1200)
+        drop_after(patch, 1200)
         with pytest.raises(AmqpPublishError, match=rf"messages published to stream '{stream}' .* are not confirmed .*socket closed"):
             _publish(stream_node[1], table, producer, stream=stream, maxInFlight="300")
     assert 1200 <= len(_bodies(stream_node[1], stream)) < 3000
@@ -246,7 +229,7 @@ def test_a_task_failed_mid_partition_and_retried_stores_every_row_once(
 
 
 def test_without_deduplication_a_dropped_connection_fails_the_task(stream_node: Node, stream: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    _drop_after(monkeypatch, 300)
+    drop_after(monkeypatch, 300)
     with pytest.raises(AmqpPublishError, match="the task fails so that Spark retries it"):
         _publish(
             stream_node[1],

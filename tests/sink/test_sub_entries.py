@@ -22,7 +22,7 @@ from spark_amqp.stream_protocol.client import OffsetSpec, StreamClient
 from spark_amqp.stream_protocol.compression import CODECS, SUB_ENTRY
 from spark_amqp.stream_protocol.rows import Conversion, RowMaker
 
-from .stream_helpers import create, delete, records, run, until
+from .stream_helpers import create, delete, drop_after, records, run, until
 
 Node = tuple[str, str, str]
 N = 1_000
@@ -162,26 +162,11 @@ def test_incompressible_sub_entries_still_fit_a_frame() -> None:
     assert all(len(m.record) <= frame_max - 21 for m in done)
 
 
-def _drop_after(monkeypatch: pytest.MonkeyPatch, confirms: int) -> list[int]:
-    """Abort the publisher's connection once, when it has ``confirms`` messages confirmed: a dropped connection."""
-    dropped: list[int] = []
-    original = StreamPartitionPublisher._on_confirm
-
-    def on_confirm(self: StreamPartitionPublisher, target: int, ids: list[int]) -> None:
-        original(self, target, ids)
-        if not dropped and self.confirmed >= confirms and self._client is not None and self._client.transport is not None:
-            dropped.append(self.confirmed)
-            self._client.transport.abort()
-
-    monkeypatch.setattr(StreamPartitionPublisher, "_on_confirm", on_confirm)
-    return dropped
-
-
 def test_a_dropped_connection_publishes_the_unconfirmed_sub_entries_again_and_stores_every_row_once(
     stream_node: Node, stream: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("spark_amqp.transport.backoff.FIRST", 0.01)
-    dropped = _drop_after(monkeypatch, 1500)
+    dropped = drop_after(monkeypatch, 1500)
     bodies = [b"d%d" % i for i in range(5000)]
     done = _publish(stream_node[1], {"body": bodies}, stream=stream, subEntrySize="100", compression="lz4", maxInFlight="1000")
     assert dropped and (done.published, done.confirmed) == (5000, 5000)
@@ -197,7 +182,7 @@ def test_a_task_retried_after_failing_mid_partition_stores_every_row_once(
     producer = producer_for("query-" + uuid.uuid4().hex, 1, 0)
     table = {"body": [b"t%d" % i for i in range(3000)]}
     with monkeypatch.context() as patch:
-        _drop_after(patch, 1200)
+        drop_after(patch, 1200)
         with pytest.raises(AmqpPublishError, match="not confirmed"):
             _publish(stream_node[1], table, producer, stream=stream, subEntrySize="50", compression="snappy", maxInFlight="600")
     assert 1200 <= len(_bodies(stream_node[1], stream)) < 3000

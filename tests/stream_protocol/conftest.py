@@ -43,3 +43,13 @@ def stream_node(request: pytest.FixtureRequest) -> tuple[str, str, str]:
 @pytest.fixture
 def stream_name() -> Iterator[str]:
     yield f"sp-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def created_stream(stream_node: tuple[str, str, str], stream_name: str) -> Iterator[str]:
+    """A stream declared on ``stream_node`` for the test, and deleted after it."""
+    from .helpers import run  # helpers imports this module
+
+    run(stream_node[1], lambda c: c.create(stream_name, {}))
+    yield stream_name
+    run(stream_node[1], lambda c: c.delete(stream_name))

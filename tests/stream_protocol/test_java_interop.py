@@ -9,7 +9,6 @@ import shutil
 import subprocess
 import uuid
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -21,8 +20,6 @@ from spark_amqp.sink.stream_publisher import StreamPartitionPublisher
 from spark_amqp.stream_protocol.compression import CODECS
 from spark_amqp.streams.batch import StreamBatchReader
 from spark_amqp.streams.options import parse_stream_options
-
-from .helpers import run
 
 ROOT = Path(__file__).resolve().parents[2]
 JARS = ROOT / ".cache" / "stream-client"
@@ -41,22 +38,14 @@ def _java(*args: str) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
-@pytest.fixture
-def stream(stream_node: Node) -> Iterator[str]:
-    name = f"java-{uuid.uuid4().hex[:10]}"
-    run(stream_node[1], lambda c: c.create(name, {}))
-    yield name
-    run(stream_node[1], lambda c: c.delete(name))
-
-
 def _bodies() -> list[bytes]:
     return [b"m-%d" % i for i in range(N)]
 
 
 @pytest.mark.parametrize("codec", list(CODECS.values()))
-def test_the_connector_reads_what_the_java_client_compressed(stream_node: Node, stream: str, codec: str) -> None:
-    assert _java("write", stream_node[1], stream, codec, str(N)) == f"written {N}"
-    reader = StreamBatchReader(parse_stream_options({"uri": stream_node[1], "stream": stream, "connectionTimeout": "20"}))
+def test_the_connector_reads_what_the_java_client_compressed(stream_node: Node, created_stream: str, codec: str) -> None:
+    assert _java("write", stream_node[1], created_stream, codec, str(N)) == f"written {N}"
+    reader = StreamBatchReader(parse_stream_options({"uri": stream_node[1], "stream": created_stream, "connectionTimeout": "20"}))
     rows = [
         (o, b)
         for p in reader.partitions()
@@ -67,9 +56,9 @@ def test_the_connector_reads_what_the_java_client_compressed(stream_node: Node, 
 
 
 @pytest.mark.parametrize("codec", list(CODECS.values()))
-def test_the_java_client_reads_what_the_connector_compressed(stream_node: Node, stream: str, codec: str) -> None:
-    options = parse_sink_options({"uri": stream_node[1], "stream": stream, "subEntrySize": "100", "compression": codec})
+def test_the_java_client_reads_what_the_connector_compressed(stream_node: Node, created_stream: str, codec: str) -> None:
+    options = parse_sink_options({"uri": stream_node[1], "stream": created_stream, "subEntrySize": "100", "compression": codec})
     publisher = StreamPartitionPublisher(options, producer_for("interop-" + uuid.uuid4().hex, 0, None))
     assert asyncio.run(publisher.publish([pa.RecordBatch.from_pydict({"body": _bodies()})])).confirmed == N
     crc = zlib.crc32(b"".join(b + b"\n" for b in _bodies()))
-    assert _java("read", stream_node[1], stream, str(N)) == f"read {N} crc {crc} misplaced 0"
+    assert _java("read", stream_node[1], created_stream, str(N)) == f"read {N} crc {crc} misplaced 0"

@@ -5,12 +5,9 @@ them, and the 64 MiB limit."""
 from __future__ import annotations
 
 import time
-import uuid
-from collections.abc import Iterator
 
 import pika
 import pika.exceptions
-import pytest
 
 from spark_amqp.stream_protocol import amqp10, chunks, compression
 from spark_amqp.stream_protocol.client import OffsetSpec, StreamClient
@@ -20,14 +17,6 @@ from .helpers import run, until
 
 Node = tuple[str, str, str]
 PRECONDITION_FAILED = 0x11
-
-
-@pytest.fixture
-def stream(stream_node: Node) -> Iterator[str]:
-    name = f"sub-{uuid.uuid4().hex[:10]}"
-    run(stream_node[1], lambda c: c.create(name, {}))
-    yield name
-    run(stream_node[1], lambda c: c.delete(name))
 
 
 def _message(i: int) -> bytes:
@@ -50,16 +39,16 @@ async def _publish_entries(c: StreamClient, stream: str, entries: list[tuple[int
     return errors
 
 
-def test_a_sub_entry_is_stored_whole_and_its_records_take_an_offset_each(stream_node: Node, stream: str) -> None:
+def test_a_sub_entry_is_stored_whole_and_its_records_take_an_offset_each(stream_node: Node, created_stream: str) -> None:
     async def body(c: StreamClient) -> list[tuple[int, int, int | None]]:
-        assert await _publish_entries(c, stream, [(1, [_message(i) for i in range(5)]), (2, _message(5))]) == []
+        assert await _publish_entries(c, created_stream, [(1, [_message(i) for i in range(5)]), (2, _message(5))]) == []
         got: list[bytes] = []
 
         def on_chunk(view: memoryview) -> None:
             got.append(bytes(view))
             c.credit(1, 1)
 
-        await c.subscribe(1, stream, OffsetSpec.FIRST, 5, on_chunk)
+        await c.subscribe(1, created_stream, OffsetSpec.FIRST, 5, on_chunk)
         spans: list[tuple[int, int, int | None]] = []
         await until(lambda: sum(chunks.read_header(g).records for g in got) >= 6)
         for data in got:
@@ -70,16 +59,18 @@ def test_a_sub_entry_is_stored_whole_and_its_records_take_an_offset_each(stream_
     assert run(stream_node[1], body) == [(0, 5, 4), (5, 1, None)]  # one zstd sub-entry of offsets 0-4, then offset 5
 
 
-def test_an_amqp_091_consumer_gets_no_compressed_record(stream_node: Node, stream: str) -> None:
+def test_an_amqp_091_consumer_gets_no_compressed_record(stream_node: Node, created_stream: str) -> None:
     entries: list[tuple[int, bytes | list[bytes]]] = [(1, _message(0)), (2, [_message(i) for i in range(1, 4)]), (3, _message(4))]
-    assert run(stream_node[1], lambda c: _publish_entries(c, stream, entries)) == []
+    assert run(stream_node[1], lambda c: _publish_entries(c, created_stream, entries)) == []
     conn = pika.BlockingConnection(pika.URLParameters(stream_node[2]))
     got: list[int] = []
     closed: list[str] = []
     try:
         ch = conn.channel()
         ch.basic_qos(prefetch_count=100)
-        ch.basic_consume(stream, lambda ch, m, p, b: got.append(p.headers["x-stream-offset"]), arguments={"x-stream-offset": "first"})
+        ch.basic_consume(
+            created_stream, lambda ch, m, p, b: got.append(p.headers["x-stream-offset"]), arguments={"x-stream-offset": "first"}
+        )
         deadline = time.monotonic() + 10
         while len(got) < 2 and time.monotonic() < deadline:
             conn.process_data_events(0.1)
@@ -98,14 +89,14 @@ def test_an_amqp_091_consumer_gets_no_compressed_record(stream_node: Node, strea
         assert got == [0, 4] and not closed  # 4.x and the embedded broker: offsets 1-3 never come, no error
 
 
-def test_over_64_mib_declared_is_refused_by_4_3_and_the_embedded_broker(stream_node: Node, stream: str) -> None:
+def test_over_64_mib_declared_is_refused_by_4_3_and_the_embedded_broker(stream_node: Node, created_stream: str) -> None:
     entry = bytearray(compression.encode(4, [_message(0)]))
     entry[3:7] = (compression.MAX_UNCOMPRESSED + 1).to_bytes(4, "big")
 
     async def body(c: StreamClient) -> list[tuple[int, int]]:
         confirmed: list[int] = []
         errors: list[tuple[int, int]] = []
-        await c.declare_publisher(3, "", stream, confirmed.extend, errors.extend)
+        await c.declare_publisher(3, "", created_stream, confirmed.extend, errors.extend)
         c.publish_sub_entries(3, [(1, bytes(entry))])
         await until(lambda: bool(confirmed or errors))
         return errors
