@@ -25,8 +25,9 @@ commitOffsets: Spark's offset and commit logs; addBatch: the tasks and the sink)
 
 Delta, not the source, sets the pace into Delta: after each ``delta`` run, Spark's own
 ``rate-micro-batch`` source (no connector at all) writes the same number of rows into Delta at the
-same batch size (a 200-byte binary column beside its own two), and the run prints source -> Delta
-against rate-micro-batch -> Delta, the ceiling, as well as against source -> noop.
+same batch size, with the source's own columns (a 200-byte body, the queue, no properties), and the
+run prints source -> Delta against rate-micro-batch -> Delta, the ceiling, as well as against
+source -> noop.
 
 ``--journal-pairs N`` adds N pairs of Delta runs without and with ``journalLocation`` in ABBA order
 (Delta keeps getting faster as the JVM warms up): the journal's cost is the ratio of their medians.
@@ -60,6 +61,7 @@ from machine import BROKER_PIDS, PERFTEST_DIR, RUNNER, CpuMeter, listening_pid, 
 from spark_runs import BatchLog, run_to_end, spark_session
 
 from spark_amqp.queues.options import parse_source_options
+from spark_amqp.reading.arrow import SCHEMA_DDL
 
 BODY = b"x" * 200
 PHASES = ("latestOffset", "walCommit", "queryPlanning", "addBatch", "commitOffsets")
@@ -149,13 +151,8 @@ def stream_once(spark, url: str, queue: str, sink: str, options: dict[str, str],
 def rate_to_delta(spark, rows: int, per_batch: int, workdir: str) -> Run:  # type: ignore[no-untyped-def]
     """Spark's rate-micro-batch source into Delta, ``per_batch`` rows a batch, until ``rows`` are written: no connector."""
     run = f"rate-{time.monotonic_ns()}"
-    frame = (
-        spark.readStream.format("rate-micro-batch")
-        .option("rowsPerBatch", per_batch)
-        .option("numPartitions", 2)
-        .load()
-        .selectExpr(f"CAST(repeat('x', {len(BODY)}) AS BINARY) AS body", "value", "timestamp")
-    )
+    rate = spark.readStream.format("rate-micro-batch").option("rowsPerBatch", per_batch).option("numPartitions", 2).load()
+    frame = rate.selectExpr(*_source_row(spark))
     writer = frame.writeStream.format("delta").option("path", os.path.join(workdir, f"out-{run}"))
     writer = writer.option("checkpointLocation", os.path.join(workdir, f"ckpt-{run}"))
     with CpuMeter() as cpu:
@@ -166,9 +163,25 @@ def rate_to_delta(spark, rows: int, per_batch: int, workdir: str) -> Run:  # typ
             time.sleep(0.2)  # a benchmark's poll of the progress, not a test's wait
         wall = time.perf_counter() - start
         query.stop()
+        query.awaitTermination()
     if query.exception() is not None:
         raise RuntimeError(query.exception())
     return Run(log, wall, cpu)
+
+
+def _source_row(spark) -> list[str]:  # type: ignore[no-untyped-def]
+    """The source's own columns, as it gives the benchmark's messages (a body, the queue, no properties), made from
+    a rate row: Delta's cost a row depends on the columns it writes."""
+    made = {
+        "body": f"CAST(repeat('x', {len(BODY)}) AS BINARY)",
+        "queue": "'bench.source'",
+        "exchange": "''",
+        "routing_key": "'bench.source'",
+        "delivery_tag": "value",
+        "redelivered": "false",
+    }
+    schema = spark.createDataFrame([], SCHEMA_DDL).schema
+    return [f"{made.get(f.name, f'CAST(NULL AS {f.dataType.simpleString()})')} AS {f.name}" for f in schema.fields]
 
 
 def preload(url: str, queue: str, count: int) -> None:
