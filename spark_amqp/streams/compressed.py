@@ -30,10 +30,9 @@ from ..stream_protocol.compression import CODECS
 from ..stream_protocol.topology import connect_to_member
 from ..transport.endpoints import Endpoint
 from ..transport.options import ConnectionOptions
-from .probe import CHECK_AFTER
 from .protocol_probe import chunk_data, free_subscription, has_stats
 
-__all__ = ["CHECK_AFTER", "CompressedCheck", "CompressedSubEntry", "stream_protocol_options"]
+__all__ = ["CompressedCheck", "CompressedSubEntry", "stream_protocol_options"]
 
 log = logging.getLogger("spark_amqp.streams")
 

@@ -42,14 +42,11 @@ from ..errors import InternalError
 from ..rabbitmq import FILTER_VALUE_HEADER
 from ..reading.stream_consumers import consume, not_a_stream, stream_offset
 from ..stream_protocol.client import OffsetSpec
+from .compressed import CompressedCheck
+from .waits import CHECK_AFTER, EMPTY_WAIT
 
-__all__ = ["CHECK_AFTER", "EMPTY_WAIT", "filter_value_at", "head", "message_at", "offset_at", "tail"]
+__all__ = ["filter_value_at", "head", "message_at", "offset_at", "tail"]
 
-# How long a stream whose message count reads 0 is given to send its first delivery.
-EMPTY_WAIT = 1.0
-# How long an AMQP 0-9-1 read waits for what the stream holds before it asks whether a compressed sub-entry is
-# there (compressed.py: the check costs a connection, then a one-chunk subscription).
-CHECK_AFTER = 1.0
 # Credit of the tail probe: most last chunks arrive in one go, a longer one takes a few acks.
 TAIL_PREFETCH = 2000
 _tags = itertools.count(1)
@@ -160,8 +157,6 @@ async def _probe(client: AmqpClient, stream: str, spec: Any, prefetch: int, to_t
 
 async def _refuse_compressed(client: AmqpClient, stream: str, spec: Any) -> None:
     """Raises ``CompressedSubEntry`` if what a probe at ``spec`` did not get is a compressed sub-entry."""
-    from .compressed import CompressedCheck  # not at the top: compressed.py reads chunks with protocol_probe, which imports this
-
     if spec == "first":
         at = OffsetSpec.FIRST
     elif spec == "last":

@@ -28,7 +28,7 @@ from ..stream_protocol.rows import Conversion, RowMaker
 from ..stream_protocol.super_streams import STREAM_DOES_NOT_EXIST, partitions_by_name
 from ..stream_protocol.topology import STREAM_NOT_AVAILABLE, member_client
 from ..stream_protocol.wire import OK
-from .probe import EMPTY_WAIT
+from .waits import EMPTY_WAIT
 
 __all__ = [
     "Chunk",

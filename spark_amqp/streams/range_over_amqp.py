@@ -14,10 +14,11 @@ from ..client import AmqpClient, ClientChannel
 from ..reading import stream_consumers
 from ..reading.stream_consumers import not_a_stream, stream_offset
 from ..stream_protocol.client import OffsetSpec
-from .compressed import CHECK_AFTER, CompressedCheck
+from .compressed import CompressedCheck
 from .options import StreamSourceOptions
 from .range_base import RangeReader
 from .ranges import StreamRange
+from .waits import CHECK_AFTER
 
 __all__ = ["ACK_SHARE", "AmqpRangeReader"]
 

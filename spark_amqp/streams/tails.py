@@ -49,7 +49,7 @@ class TailBook:
         self.probes = 0  # how many times an end was measured (for tests and logs)
 
     async def ends_of(self, client: Any, streams: Sequence[str]) -> dict[str, int]:
-        """``end`` of each stream, measured side by side (an empty one may take ``probe.EMPTY_WAIT``)."""
+        """``end`` of each stream, measured side by side (an empty one may take ``waits.EMPTY_WAIT``)."""
         found = await asyncio.gather(*(self.end(client, s) for s in streams))
         return dict(zip(streams, found, strict=True))
 
