@@ -22,10 +22,11 @@ import time
 import urllib.parse
 from typing import Any
 
+from spark_amqp import amqp10
+from spark_amqp.amqp10.types import Symbol
 from spark_amqp.option_reader import OptionReader
 from spark_amqp.reading import arrow
-from spark_amqp.stream_protocol import amqp10, chunks
-from spark_amqp.stream_protocol.amqp10_types import Symbol
+from spark_amqp.stream_protocol import chunks
 from spark_amqp.stream_protocol.client import OffsetSpec, StreamClient
 from spark_amqp.stream_protocol.rows import Conversion, RowMaker
 from spark_amqp.transport.options import parse_connection

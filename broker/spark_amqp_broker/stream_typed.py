@@ -18,8 +18,8 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+from spark_amqp.amqp10.types import decode
 from spark_amqp.errors import DecodeError
-from spark_amqp.stream_protocol.amqp10_types import decode
 
 __all__ = ["TV", "ConversionError", "encode", "field", "fields", "read"]
 

@@ -34,9 +34,9 @@ from typing import Any, NamedTuple
 
 import pyarrow as pa
 
+from .. import amqp10
+from ..amqp10.types import Opaque, Symbol, Timestamp
 from ..rabbitmq import FILTER_VALUE_HEADER
-from ..stream_protocol import amqp10
-from ..stream_protocol.amqp10_types import Opaque, Symbol, Timestamp
 from ..stream_protocol.rows import Conversion
 from .columns import PUBLISHING_ID, MessageBuilder
 from .options import SinkOptions

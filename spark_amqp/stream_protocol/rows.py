@@ -30,8 +30,8 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
-from . import amqp10
-from .amqp10_types import Described, Opaque, Timestamp
+from .. import amqp10
+from ..amqp10.types import Described, Opaque, Timestamp
 
 __all__ = ["Conversion", "RowMaker", "StreamProperties", "split"]
 

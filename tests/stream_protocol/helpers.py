@@ -8,8 +8,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from spark_amqp.stream_protocol import amqp10
-from spark_amqp.stream_protocol.amqp10_types import Symbol, Timestamp
+from spark_amqp import amqp10
+from spark_amqp.amqp10.types import Symbol, Timestamp
 from spark_amqp.stream_protocol.client import StreamClient
 
 from .conftest import stream_options

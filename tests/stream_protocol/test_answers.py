@@ -15,8 +15,9 @@ import time
 import pika
 import pytest
 
+from spark_amqp import amqp10
 from spark_amqp.errors import ConnectionLost, StreamResponseError
-from spark_amqp.stream_protocol import amqp10, chunks
+from spark_amqp.stream_protocol import chunks
 from spark_amqp.stream_protocol.client import OffsetSpec, StreamClient
 from spark_amqp.stream_protocol.wire import Key, frame, map_, string, strings
 from tests.brokers import version_of

@@ -14,8 +14,9 @@ from typing import Any
 import pika
 import pytest
 
+from spark_amqp import amqp10
 from spark_amqp.errors import AmqpProtocolError, ConnectionLost, HandshakeFailed, StreamResponseError, is_transient
-from spark_amqp.stream_protocol import amqp10, chunks
+from spark_amqp.stream_protocol import chunks
 from spark_amqp.stream_protocol.client import OffsetSpec, StreamClient
 from spark_amqp.stream_protocol.wire import Key
 from tests.brokers import version_of

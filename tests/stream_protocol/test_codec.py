@@ -7,9 +7,10 @@ import uuid
 
 import pytest
 
+from spark_amqp import amqp10
+from spark_amqp.amqp10.types import Described, Symbol, Timestamp, decode, encode
 from spark_amqp.errors import DecodeError
-from spark_amqp.stream_protocol import amqp10, chunks, wire
-from spark_amqp.stream_protocol.amqp10_types import Described, Symbol, Timestamp, decode, encode
+from spark_amqp.stream_protocol import chunks, wire
 
 
 def test_reader_reads_what_the_helpers_write_and_stops_at_the_end() -> None:

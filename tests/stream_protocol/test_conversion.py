@@ -21,8 +21,9 @@ import pytest
 from spark_amqp_broker import EmbeddedBroker
 from spark_amqp_broker.handshake import MODELLED_VERSION
 
-from spark_amqp.stream_protocol import amqp10, chunks
-from spark_amqp.stream_protocol.amqp10_types import Symbol, Timestamp
+from spark_amqp import amqp10
+from spark_amqp.amqp10.types import Symbol, Timestamp
+from spark_amqp.stream_protocol import chunks
 from spark_amqp.stream_protocol.client import OffsetSpec, StreamClient
 from tests.brokers import REAL, version_of
 

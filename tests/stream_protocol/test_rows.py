@@ -16,8 +16,9 @@ import uuid
 import pika
 import pyarrow as pa
 
+from spark_amqp import amqp10
 from spark_amqp.reading import arrow
-from spark_amqp.stream_protocol import amqp10, chunks
+from spark_amqp.stream_protocol import chunks
 from spark_amqp.stream_protocol.client import OffsetSpec, StreamClient
 from spark_amqp.stream_protocol.rows import Conversion, RowMaker
 from spark_amqp.streams.range_reader import read_range

@@ -9,7 +9,8 @@ import time
 import pika
 import pika.exceptions
 
-from spark_amqp.stream_protocol import amqp10, chunks, compression
+from spark_amqp import amqp10
+from spark_amqp.stream_protocol import chunks, compression
 from spark_amqp.stream_protocol.client import OffsetSpec, StreamClient
 from tests.brokers import version_of
 

@@ -12,10 +12,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import DecodeError
-from .amqp10_types import Described, decode
-from .amqp10_types import encode as encode_value
+from .types import Described, decode
+from .types import encode as encode_value
 
-__all__ = ["HEADER", "MESSAGE_ANNOTATIONS", "PROPERTIES", "PROPERTY_NAMES", "Sections", "encode", "sections"]
+__all__ = [
+    "AMQP_SEQUENCE",
+    "AMQP_VALUE",
+    "DATA",
+    "HEADER",
+    "MESSAGE_ANNOTATIONS",
+    "PROPERTIES",
+    "PROPERTY_NAMES",
+    "Sections",
+    "encode",
+    "is_amqp10",
+    "sections",
+]
 
 HEADER = 0x70
 DELIVERY_ANNOTATIONS = 0x71
