@@ -29,6 +29,7 @@ CLOSE_OK_TIMEOUT = 2.0
 
 
 AMQP_1_0_SASL_HEADER = b"AMQP\x03\x01\x00\x00"
+AMQP_1_0_HEADER = b"AMQP\x00\x01\x00\x00"
 
 
 class BrokerConnection(HandshakeMethods, asyncio.Protocol):
@@ -129,10 +130,12 @@ class BrokerConnection(HandshakeMethods, asyncio.Protocol):
     def _reject_header(self) -> None:
         # RabbitMQ answers a bad header with the header it speaks, then closes. 4.x serves
         # AMQP 1.0 on the same port and offers that (its SASL header) unless the client
-        # asked for another AMQP 0-9 revision; 3.10 always offered 0-9-1.
+        # asked for another AMQP 0-9 revision; 3.10 always offered 0-9-1. An AMQP 1.0 client
+        # is told 0-9-1, as 3.10 tells it: this broker does not speak AMQP 1.0 yet.
         assert self.transport is not None
         asked = bytes(self.buffer[:8])
-        self.transport.write(framing.PROTOCOL_HEADER if asked.startswith(b"AMQP\x00\x00\x09") else AMQP_1_0_SASL_HEADER)
+        amqp091 = asked.startswith(b"AMQP\x00\x00\x09") or asked in (AMQP_1_0_SASL_HEADER, AMQP_1_0_HEADER)
+        self.transport.write(framing.PROTOCOL_HEADER if amqp091 else AMQP_1_0_SASL_HEADER)
         self.state = "closed"
         self.transport.close()
 

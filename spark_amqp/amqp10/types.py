@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import DecodeError
 
-__all__ = ["Described", "Opaque", "Symbol", "Timestamp", "decode", "encode"]
+__all__ = ["Described", "Opaque", "Symbol", "Timestamp", "UByte", "UInt", "UShort", "decode", "encode"]
 
 
 class Symbol(str):
@@ -26,6 +26,18 @@ class Symbol(str):
 
 class Timestamp(int):
     """An AMQP timestamp: milliseconds since the Unix epoch."""
+
+
+class UInt(int):
+    """An AMQP uint (a plain int encodes as a ulong): what AMQP 1.0's performatives type most of their numbers as."""
+
+
+class UShort(int):
+    """An AMQP ushort (channel numbers)."""
+
+
+class UByte(int):
+    """An AMQP ubyte (settle modes, SASL outcome codes)."""
 
 
 @dataclass(frozen=True)
@@ -211,6 +223,12 @@ def encode(value: Any) -> bytes:
         return b"\x42"
     if isinstance(value, Timestamp):
         return b"\x83" + _q.pack(value)
+    if isinstance(value, UInt):
+        return b"\x52" + _B.pack(value) if 0 < value < 256 else b"\x70" + _I.pack(value) if value else b"\x43"
+    if isinstance(value, UShort):
+        return b"\x60" + _H.pack(value)
+    if isinstance(value, UByte):
+        return b"\x50" + _B.pack(value)
     if isinstance(value, int):
         if 0 <= value < 256:
             return b"\x53" + _B.pack(value) if value else b"\x44"

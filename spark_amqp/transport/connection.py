@@ -52,7 +52,8 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed: asyncio.Future[AmqpProtocolError] = loop.create_future()
         self.server_version: tuple[int, int] | None = None  # the broker's (major, minor), when it says
-        self.heartbeat = 0  # seconds, as agreed with the broker (0: none)
+        self.heartbeat = 0.0  # seconds, as agreed with the broker (0: none)
+        self._send_every = self._silence = 0.0
         self.renewal: Renewal | None = None  # with an OAuth 2 token: renews it while the connection is open
         self._opened: asyncio.Future[None] = loop.create_future()  # the handshake is done
         self._tail = b""  # the start of a frame not yet whole
@@ -97,22 +98,29 @@ class Connection(asyncio.Protocol):
 
     def _agree_heartbeat(self, offered: int) -> int:
         """The interval both sides keep (the lower of the two; the option's when the broker offers none),
-        and heartbeats started on it."""
-        self.heartbeat = min(self.options.heartbeat, offered) if offered else self.options.heartbeat
-        if self.heartbeat:
-            self._timer = self.loop.call_later(self.heartbeat / 2, self._beat)
-        return self.heartbeat
+        and heartbeats started on it: a frame at least every half of it, silence for two of it an end."""
+        heartbeat = min(self.options.heartbeat, offered) if offered else self.options.heartbeat
+        self._start_heartbeats(heartbeat / 2, 2 * heartbeat)
+        return heartbeat
+
+    def _start_heartbeats(self, send_every: float, silence: float) -> None:
+        """A frame whenever nothing was sent for ``send_every`` seconds, and the connection lost once nothing came for
+        ``silence`` (protocols that do not negotiate one interval, AMQP 1.0, set them apart)."""
+        self.heartbeat = silence / 2
+        self._send_every, self._silence = send_every, silence
+        if send_every > 0:
+            self._timer = self.loop.call_later(min(send_every, silence / 4), self._beat)
 
     def _beat(self) -> None:
         if self.transport is None or self.transport.is_closing():
             return
         now = self.loop.time()
-        if now - self._last_recv > 2 * self.heartbeat:
-            self.abort(ConnectionLost(f"missed heartbeats from the broker ({self.heartbeat}s)"))
+        if now - self._last_recv > self._silence:
+            self.abort(ConnectionLost(f"nothing from the broker for {self._silence:g}s: missed heartbeats"))
             return
-        if now - self._last_sent >= self.heartbeat / 2:  # any frame counts as one
+        if now - self._last_sent >= self._send_every:  # any frame counts as one
             self.write(self._heartbeat_frame())
-        self._timer = self.loop.call_later(self.heartbeat / 2, self._beat)
+        self._timer = self.loop.call_later(min(self._send_every, self._silence / 4), self._beat)
 
     def _renew_token(self, apply: Callable[[Token], Awaitable[None]]) -> None:
         """Once open: with an OAuth 2 token, renew it before it expires (``apply`` gives the broker the new one)."""

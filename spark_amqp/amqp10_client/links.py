@@ -1,0 +1,115 @@
+"""An AMQP 1.0 link's end in this client: a ``Receiver`` reads a source with credit; a ``Sender`` writes to a target.
+
+Every delivery is unsettled: a receiver settles ranges of delivery ids with one outcome (``settle``), as a
+multi-ack does over AMQP 0-9-1; a sender learns each message's outcome from the broker's dispositions. A link
+ends with ``closed`` set to why: the broker's detach error, or the connection's end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..amqp10 import performatives as p
+from ..errors import AmqpProtocolError
+
+if TYPE_CHECKING:
+    from .connection import Amqp10Client
+
+__all__ = ["DeliveryHandler", "Link", "Receiver", "Sender"]
+
+# delivery id, message bytes (the sections), whether the broker already settled it
+DeliveryHandler = Callable[[int, bytes], None]
+# delivery ids, then the outcome's descriptor code and its fields
+OutcomeHandler = Callable[[int, int, int, list[Any]], None]
+
+
+class Link:
+    def __init__(self, client: Amqp10Client, handle: int, name: str, address: str) -> None:
+        self.client = client
+        self.handle = handle
+        self.name = name
+        self.address = address
+        self.attached: asyncio.Future[list[Any]] = client.loop.create_future()  # the broker's attach's fields
+        self.closed: asyncio.Future[AmqpProtocolError | None] = client.loop.create_future()
+        self.delivery_count = 0
+        self.credit = 0
+        self.detaching = False  # this client asked to end it (the broker's detach is then the answer)
+
+    def _end(self, reason: AmqpProtocolError | None) -> None:
+        if not self.attached.done():
+            if reason is None:
+                self.attached.cancel()
+            else:
+                self.attached.set_exception(reason)
+                self.attached.exception()
+        if not self.closed.done():
+            self.closed.set_result(reason)
+
+    async def detach(self) -> None:
+        """Ends the link; deliveries it holds unsettled go back to the queue."""
+        if self.closed.done():
+            return
+        self.detaching = True
+        self.client.write(p.detach(self.handle))
+        await asyncio.wait_for(asyncio.shield(self.closed), self.client.options.connection_timeout)
+
+
+class Receiver(Link):
+    """Deliveries go to ``on_delivery`` as they come, a message whole (its transfers joined)."""
+
+    def __init__(self, client: Amqp10Client, handle: int, name: str, address: str, on_delivery: DeliveryHandler) -> None:
+        super().__init__(client, handle, name, address)
+        self.on_delivery = on_delivery
+        self._partial: list[bytes] = []
+
+    def grant(self, credit: int, drain: bool = False) -> None:
+        """Sets the link's credit to ``credit`` (AMQP 1.0 credit is set, not added)."""
+        self.credit = credit
+        self.client.flow(self, credit, drain)
+
+    def settle(self, first: int, last: int, outcome: bytes = p.Outcome.ACCEPTED) -> None:
+        """One disposition for delivery ids ``first`` to ``last``: ``Outcome.ACCEPTED`` (done), ``RELEASED`` (back to
+        the queue), a rejection or a modification."""
+        self.client.write(p.disposition(first, last, outcome))
+
+    def _transfer(self, delivery_id: int | None, more: bool, payload: bytes) -> None:
+        if more:
+            self._partial.append(payload)
+            if delivery_id is not None:
+                self._first_id = delivery_id
+            return
+        if self._partial:
+            payload = b"".join([*self._partial, payload])
+            self._partial = []
+            delivery_id = self._first_id
+        assert delivery_id is not None
+        self.delivery_count += 1
+        self.credit -= 1
+        self.on_delivery(delivery_id, payload)
+
+
+class Sender(Link):
+    """Messages go out while the broker gives credit; ``on_outcome`` hears each disposition."""
+
+    def __init__(self, client: Amqp10Client, handle: int, name: str, address: str, on_outcome: OutcomeHandler) -> None:
+        super().__init__(client, handle, name, address)
+        self.on_outcome = on_outcome
+        self.credit_changed = asyncio.Event()
+
+    def send(self, payload: bytes) -> int:
+        """Transfers one message (its encoded sections); its delivery id. The caller waits for credit first."""
+        delivery_id = self.client.next_delivery_id()
+        tag = delivery_id.to_bytes(4, "big")
+        self.client.track(delivery_id, self)
+        self.client.write(p.transfer(self.handle, delivery_id, tag, payload))
+        self.delivery_count += 1
+        self.credit -= 1
+        return delivery_id
+
+    def _flow(self, delivery_count: int | None, credit: int) -> None:
+        # The receiver's view: what it has taken (delivery-count) plus credit is how far this sender may go.
+        taken = self.delivery_count if delivery_count is None else delivery_count
+        self.credit = taken + credit - self.delivery_count
+        self.credit_changed.set()

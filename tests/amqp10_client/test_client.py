@@ -1,0 +1,169 @@
+"""The AMQP 1.0 client without Spark: on RabbitMQ 4.x, links that publish and read with outcomes and ranges of
+settlement; on RabbitMQ 3.10 and the embedded broker, which do not speak AMQP 1.0 (yet), a clear error at once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import pika
+import pytest
+
+from spark_amqp import amqp10
+from spark_amqp.amqp10.performatives import Outcome, Performative
+from spark_amqp.amqp10_client import Amqp10Client
+from spark_amqp.errors import AccessRefused, HandshakeFailed, NotFound
+from spark_amqp.option_reader import OptionReader
+from spark_amqp.transport.options import CONNECTION_KEYS, parse_connection
+from tests.brokers import REAL
+
+AMQP10 = [b for b in REAL if b.version >= (4, 0)]
+pytestmark = pytest.mark.skipif(not AMQP10, reason="no RabbitMQ 4.x in AMQP_TEST_BROKERS: AMQP 1.0 is a core protocol from 4.0")
+
+
+@pytest.fixture(params=[b.name for b in AMQP10] or ["none"])
+def url(request: pytest.FixtureRequest) -> str:
+    return next(b.url for b in AMQP10 if b.name == request.param)
+
+
+@pytest.fixture
+def queue(url: str) -> Iterator[str]:
+    name = f"a10-{uuid.uuid4().hex[:10]}"
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    conn.channel().queue_declare(name, durable=True)
+    conn.close()
+    yield name
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    conn.channel().queue_delete(name)
+    conn.close()
+
+
+def _ready(url: str, queue: str) -> int:
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        return int(conn.channel().queue_declare(queue, passive=True).method.message_count)
+    finally:
+        conn.close()
+
+
+def run(url: str, body: Callable[[Amqp10Client], Awaitable[Any]], **options: str) -> Any:
+    async def main() -> Any:
+        client = await Amqp10Client.connect(
+            parse_connection(OptionReader({"uri": url, "connectionTimeout": "10", **options}, CONNECTION_KEYS)), "test"
+        )
+        try:
+            return await body(client)
+        finally:
+            await client.close()
+
+    return asyncio.run(main())
+
+
+async def until(check: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def _publish(client: Amqp10Client, address: str, messages: list[bytes]) -> list[int]:
+    """Each message's outcome, by its descriptor code (0x24 accepted, 0x25 rejected, 0x26 released)."""
+    outcomes: dict[int, int] = {}
+    sender = await client.sender(address, lambda first, last, code, values: outcomes.update({i: code for i in range(first, last + 1)}))
+    ids = []
+    for m in messages:
+        await until(lambda: sender.credit > 0)
+        ids.append(sender.send(m))
+    await until(lambda: len(outcomes) == len(messages))
+    await sender.detach()
+    return [outcomes[i] for i in ids]
+
+
+def test_published_messages_are_accepted_and_read_back_in_order_with_their_properties(url: str, queue: str) -> None:
+    n = 3000
+    messages = [amqp10.encode(b"m%d" % i, properties=[f"id{i}"], application_properties={"n": i}) for i in range(n)]
+
+    async def body(client: Amqp10Client) -> list[tuple[int, bytes]]:
+        assert set(await _publish(client, f"/queues/{queue}", messages)) == {Performative.ACCEPTED}
+        got: list[tuple[int, bytes]] = []
+        receiver = await client.receiver(f"/queues/{queue}", lambda d, payload: got.append((d, payload)))
+        receiver.grant(n)
+        await until(lambda: len(got) == n)
+        receiver.settle(got[0][0], got[-1][0])  # one disposition settles them all
+        await receiver.detach()
+        return got
+
+    got = run(url, body)
+    read = [amqp10.sections(payload) for _, payload in got]
+    assert [s.body for s in read] == [b"m%d" % i for i in range(n)]
+    assert [s.property("message_id") for s in read[:3]] == ["id0", "id1", "id2"] and read[7].application_properties == {"n": 7}
+    assert [d for d, _ in got] == list(range(got[0][0], got[0][0] + n))  # delivery ids in order
+    assert _ready(url, queue) == 0
+
+
+def test_released_messages_go_back_to_the_queue_and_unsettled_ones_on_detach(url: str, queue: str) -> None:
+    async def body(client: Amqp10Client) -> None:
+        await _publish(client, f"/queues/{queue}", [amqp10.encode(b"x%d" % i) for i in range(10)])
+        got: list[int] = []
+        receiver = await client.receiver(f"/queues/{queue}", lambda d, payload: got.append(d))
+        receiver.grant(10)
+        await until(lambda: len(got) == 10)
+        receiver.settle(got[0], got[3], Outcome.RELEASED)  # 4 back now
+        receiver.settle(got[4], got[6])  # 3 done
+        await receiver.detach()  # 3 unsettled: back on detach
+
+    run(url, body)
+    deadline = time.monotonic() + 10
+    while _ready(url, queue) != 7:
+        assert time.monotonic() < deadline, f"{_ready(url, queue)} messages in the queue, not 7"
+        time.sleep(0.05)
+
+
+def test_credit_bounds_what_comes(url: str, queue: str) -> None:
+    async def body(client: Amqp10Client) -> int:
+        await _publish(client, f"/queues/{queue}", [amqp10.encode(b"c") for _ in range(50)])
+        got: list[int] = []
+        receiver = await client.receiver(f"/queues/{queue}", lambda d, payload: got.append(d))
+        receiver.grant(7)
+        await until(lambda: len(got) == 7)
+        await asyncio.sleep(0.3)  # a window in which nothing more may come: the credit is spent
+        count = len(got)
+        receiver.settle(got[0], got[-1])
+        await receiver.detach()
+        return count
+
+    assert run(url, body) == 7
+
+
+def test_an_unroutable_message_is_released(url: str) -> None:
+    async def body(client: Amqp10Client) -> list[int]:
+        return await _publish(client, f"/exchanges/amq.direct/no-queue-{uuid.uuid4().hex}", [amqp10.encode(b"lost")])
+
+    assert run(url, body) == [Performative.RELEASED]
+
+
+def test_a_missing_queue_is_not_found(url: str) -> None:
+    async def body(client: Amqp10Client) -> None:
+        await client.receiver(f"/queues/missing-{uuid.uuid4().hex}", lambda d, payload: None)
+
+    with pytest.raises(NotFound, match="amqp:not-found"):
+        run(url, body)
+
+
+def test_a_wrong_password_is_refused(url: str) -> None:
+    with pytest.raises(AccessRefused, match="refused"):
+        run(url, lambda c: asyncio.sleep(0), password="wrong")
+
+
+@pytest.mark.parametrize("where", ["3.10", "embedded"])
+def test_a_broker_without_amqp_1_0_is_a_clear_error_at_once(where: str, shared_embedded: Any) -> None:
+    old = next((b.url for b in REAL if b.version < (4, 0)), None) if where == "3.10" else shared_embedded.url
+    if old is None:
+        pytest.skip("no RabbitMQ 3.x in AMQP_TEST_BROKERS")
+    started = time.monotonic()
+    with pytest.raises(HandshakeFailed, match=r"answered the AMQP 1\.0 protocol header with AMQP 0-9-1's"):
+        run(old, lambda c: asyncio.sleep(0))
+    assert time.monotonic() - started < 5  # an answer, never a wait for connectionTimeout
