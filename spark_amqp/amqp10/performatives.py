@@ -32,6 +32,7 @@ __all__ = [
     "frame",
     "open_",
     "read_frame",
+    "read_transfer",
     "sasl_init",
     "transfer",
 ]
@@ -178,9 +179,66 @@ def flow(
     return frame(0, _performative(Performative.FLOW, fields))
 
 
+_TRANSFER = b"\x00\x53\x14"
+_U32 = struct.Struct(">I")
+_TRANSFER_HEAD = struct.Struct(">BBBI")  # uint (0x70) delivery id, after the list's size and count and the handle
+
+
 def transfer(handle: int, delivery_id: int, tag: bytes, payload: bytes, settled: bool = False, more: bool = False) -> bytes:
-    fields = [UInt(handle), UInt(delivery_id), tag, UInt(0), settled, more or None]
-    return frame(0, _performative(Performative.TRANSFER, fields), payload)
+    """A transfer, encoded by hand: every message a sender publishes pays for this, so no generic encoding. Fields:
+    handle (a small uint), delivery id (a uint), the tag (binary), message format 0, settled, and more if set."""
+    fields = b"".join(
+        (
+            b"\x52" + bytes((handle,)) if handle < 256 else b"\x70" + _U32.pack(handle),
+            b"\x70" + _U32.pack(delivery_id),
+            b"\xa0" + bytes((len(tag),)) + tag,
+            b"\x43",
+            b"\x41" if settled else b"\x42",
+            b"\x41" if more else b"",
+        )
+    )
+    performative = _TRANSFER + b"\xc0" + bytes((len(fields) + 1, 6 if more else 5)) + fields
+    return FRAME_HEAD.pack(8 + len(performative) + len(payload), 2, AMQP, 0) + performative + payload
+
+
+def read_transfer(data: bytes, start: int, end: int) -> tuple[int, int | None, bool, bytes] | None:
+    """(handle, delivery id, more, payload) of the transfer frame at ``data[start:end]``, read by hand where the
+    broker encodes it as RabbitMQ does (a small list of at most six fields; the uints small, zero or whole; more as
+    one byte); None when it is encoded otherwise or is not a transfer (``read_frame`` reads it then)."""
+    at = start + 8  # the frame's header, with a data offset of 2
+    if data[start + 4] != 2 or data[at : at + 3] != _TRANSFER or data[at + 3] != 0xC0:
+        return None
+    size, count = data[at + 4], data[at + 5]
+    list_end = at + 5 + size
+    if count > 6 or list_end > end:
+        return None
+    at += 6
+    values: list[int | None] = []
+    for _ in range(min(count, 2)):
+        code = data[at]
+        if code == 0x52:
+            values.append(data[at + 1])
+            at += 2
+        elif code == 0x70:
+            values.append(_U32.unpack_from(data, at + 1)[0])
+            at += 5
+        elif code == 0x43:
+            values.append(0)
+            at += 1
+        elif code == 0x40:
+            values.append(None)
+            at += 1
+        else:
+            return None
+    if not values or values[0] is None:
+        return None
+    more = False
+    if count == 6:
+        flag = data[list_end - 1]
+        if flag not in (0x40, 0x41, 0x42):
+            return None
+        more = flag == 0x41
+    return values[0], values[1] if len(values) > 1 else None, more, data[list_end:end]
 
 
 def disposition(first: int, last: int, state: bytes, settled: bool = True, receiver: bool = True) -> bytes:

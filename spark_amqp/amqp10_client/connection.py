@@ -41,7 +41,7 @@ class Amqp10Client(Connection):
         super().__init__(loop, options, client_name, login)
         self.server_properties: dict[Any, Any] = {}
         self.max_frame = MAX_FRAME
-        self._phase = "sasl header"  # -> sasl -> amqp header -> open -> begin -> open (frames)
+        self._phase = "sasl header"  # -> sasl -> amqp header -> open -> begin -> running
         self._links: dict[int, Link] = {}  # by our handle
         self._remote: dict[int, Link] = {}  # by the broker's handle
         self._handles = itertools.count()
@@ -80,7 +80,12 @@ class Amqp10Client(Connection):
                     raise DecodeError(f"AMQP 1.0: a frame of {size} bytes (the largest agreed: {self.max_frame})")
                 if total - offset < size:
                     break
-                self._on_frame(p.read_frame(data, offset, offset + size))
+                # Most frames on a busy receiver are transfers: read by hand, without a generic decode.
+                fast = p.read_transfer(data, offset, offset + size) if self._phase == "running" else None
+                if fast is not None:
+                    self._on_transfer(*fast)
+                else:
+                    self._on_frame(p.read_frame(data, offset, offset + size))
                 offset += size
         except AmqpProtocolError as err:
             self.abort(err)
@@ -133,7 +138,9 @@ class Amqp10Client(Connection):
         if code is None:
             return  # a heartbeat: _last_recv has it
         if code == P.TRANSFER:
-            self._on_transfer(frame)
+            fields = frame.fields
+            more = len(fields) > 5 and bool(fields[5])
+            self._on_transfer(fields[0], fields[1] if len(fields) > 1 else None, more, frame.payload)
         elif code == P.DISPOSITION:
             self._on_disposition(frame.fields)
         elif code == P.FLOW:
@@ -145,6 +152,7 @@ class Amqp10Client(Connection):
         elif code == P.OPEN:
             self._on_open(frame.fields)
         elif code == P.BEGIN:
+            self._phase = "running"
             self.next_incoming_id = frame.fields[1] if len(frame.fields) > 1 else 0
             if not self._opened.done():
                 self._opened.set_result(None)
@@ -188,17 +196,15 @@ class Amqp10Client(Connection):
             self.write(p.detach(link.handle))
         link._end(error_for(*error, on_connection=False) if error else None)
 
-    def _on_transfer(self, frame: p.Frame) -> None:
-        fields = frame.fields
+    def _on_transfer(self, handle: int, delivery_id: int | None, more: bool, payload: bytes) -> None:
         self.next_incoming_id += 1
         self._incoming_left -= 1
         if self._incoming_left < INCOMING_WINDOW // 2:
             self._incoming_left = INCOMING_WINDOW
             self.write(p.flow(self.next_incoming_id, INCOMING_WINDOW, self.next_outgoing_id, OUTGOING_WINDOW))
-        link = self._remote.get(fields[0])
+        link = self._remote.get(handle)
         if isinstance(link, Receiver):
-            more = len(fields) > 5 and bool(fields[5])
-            link._transfer(fields[1] if len(fields) > 1 else None, more, frame.payload)
+            link._transfer(delivery_id, more, payload)
 
     def _on_flow(self, fields: list[Any]) -> None:
         if len(fields) > 6 and fields[4] is not None:
