@@ -19,7 +19,7 @@ from typing import Any
 from ..amqp10 import performatives as p
 from ..amqp10.conditions import error_for
 from ..amqp10.performatives import Performative as P
-from ..errors import AccessRefused, AmqpProtocolError, CallbackFailed, ConnectionLost, DecodeError, HandshakeFailed
+from ..errors import AccessRefused, AmqpProtocolError, ConnectionLost, DecodeError, HandshakeFailed
 from ..transport.connection import CLOSE_TIMEOUT, Connection, parse_version
 from ..transport.login import Login
 from ..transport.options import ConnectionOptions
@@ -87,12 +87,8 @@ class Amqp10Client(Connection):
                 else:
                     self._on_frame(p.read_frame(data, offset, offset + size))
                 offset += size
-        except AmqpProtocolError as err:
-            self.abort(err)
-        except Exception as err:  # asyncio would log it and drop the socket: the caller must see it instead
-            failure = CallbackFailed(f"processing a frame from the broker failed: {type(err).__name__}: {err}")
-            failure.__cause__ = err
-            self.abort(failure)
+        except Exception as err:
+            self._frames_failed(err)
         finally:
             self._tail = data[offset:] if offset < total else b""
 

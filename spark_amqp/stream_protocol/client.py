@@ -17,7 +17,7 @@ import itertools
 import struct
 from collections.abc import Callable
 
-from ..errors import AmqpProtocolError, CallbackFailed, ConnectionLost, HandshakeFailed, StreamResponseError, TokenError
+from ..errors import AmqpProtocolError, ConnectionLost, HandshakeFailed, StreamResponseError, TokenError
 from ..transport.connection import CLOSE_TIMEOUT, Connection, parse_version
 from ..transport.login import Login
 from ..transport.options import ConnectionOptions
@@ -129,12 +129,8 @@ class StreamClient(Connection):
                     break
                 self._on_frame(view[offset + 4 : end])
                 offset = end
-        except AmqpProtocolError as err:
-            self.abort(err)
-        except Exception as err:  # asyncio would log it and drop the socket: the caller must see it instead
-            failure = CallbackFailed(f"processing a frame from the broker failed: {type(err).__name__}: {err}")
-            failure.__cause__ = err
-            self.abort(failure)
+        except Exception as err:
+            self._frames_failed(err)
         finally:
             self._tail = data[offset:] if offset < total else b""
 

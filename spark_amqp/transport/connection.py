@@ -19,7 +19,7 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any, Self
 
-from ..errors import AmqpProtocolError, ConnectionLost
+from ..errors import AmqpProtocolError, CallbackFailed, ConnectionLost
 from .dial import open_within_timeout
 from .login import Login
 from .options import ConnectionOptions
@@ -127,6 +127,16 @@ class Connection(asyncio.Protocol):
         if self.login.token is not None:
             self.renewal = Renewal(self.loop, self.options, self.login.token, apply, self.abort, self.client_name)
             self.renewal.start()
+
+    def _frames_failed(self, err: Exception) -> None:
+        """What processing the broker's frames raised ends the connection: the protocol's own error as it is, any
+        other (a delivery handler's bug) as ``CallbackFailed``, since asyncio would only log it and drop the socket."""
+        if isinstance(err, AmqpProtocolError):
+            self.abort(err)
+            return
+        failure = CallbackFailed(f"processing a frame from the broker failed: {type(err).__name__}: {err}")
+        failure.__cause__ = err
+        self.abort(failure)
 
     def _lost(self, reason: AmqpProtocolError) -> None:
         if self._timer is not None:
