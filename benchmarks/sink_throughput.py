@@ -3,6 +3,9 @@
     AMQP_TEST_URL=amqp://guest:guest@127.0.0.1:5672/%2F python benchmarks/sink_throughput.py \
         [--stream-url rabbitmq-stream://guest:guest@127.0.0.1:5552/%2F]
 
+``--amqp10-rounds N`` adds N pairs of 1-partition runs over AMQP 0-9-1 and over AMQP 1.0 (``protocol=amqp1.0``,
+RabbitMQ 4.x), in ABBA order, and prints the ratio of their medians.
+
 Writes ``--rows`` x 200-byte rows with ``df.write.format("amqp")`` from one and
 from two partitions (the DataFrame is cached first, so only publishing is
 timed), and compares with pika's SelectConnection keeping 1000 confirms
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import sys
 import time
 from typing import Any
@@ -45,15 +49,28 @@ BODY = b"x" * 200
 SINK_STREAM = "bench-sink-stream"
 
 
-def sink_rate(spark, url: str, queue: str, rows: int, partitions: int) -> float:  # type: ignore[no-untyped-def]
+def sink_rate(spark, url: str, queue: str, rows: int, partitions: int, protocol: str = "amqp0-9-1") -> float:  # type: ignore[no-untyped-def]
     df = spark.range(rows).selectExpr("repeat('x', 200) as body").repartition(partitions).cache()
     df.count()
     pb.declare(url, queue)
     start = time.perf_counter()
-    df.write.format("amqp").option("uri", url).option("routingKey", queue).option("maxInFlight", "1000").mode("append").save()
+    writer = df.write.format("amqp").option("uri", url).option("protocol", protocol).option("routingKey", queue)
+    writer.option("maxInFlight", "1000").mode("append").save()
     elapsed = time.perf_counter() - start
     df.unpersist()
     return rows / elapsed
+
+
+def amqp10_benchmarks(spark, url: str, queue: str, rows: int, rounds: int) -> None:  # type: ignore[no-untyped-def]
+    """The sink from 1 partition over AMQP 1.0 against the same over AMQP 0-9-1, in ABBA order (the machine drifts)."""
+    rates: dict[str, list[float]] = {"amqp0-9-1": [], "amqp1.0": []}
+    for i in range(rounds):
+        for protocol in ("amqp0-9-1", "amqp1.0") if i % 2 == 0 else ("amqp1.0", "amqp0-9-1"):
+            rates[protocol].append(sink_rate(spark, url, queue, rows, 1, protocol))
+            print(f"sink over {protocol:9s}, 1 partition: {rates[protocol][-1]:9.0f} msg/s", flush=True)
+    pb.declare(url, queue)
+    over_10, over_091 = statistics.median(rates["amqp1.0"]), statistics.median(rates["amqp0-9-1"])
+    print(f"sink over AMQP 1.0: {over_10:9.0f} msg/s = {over_10 / over_091:.2f}x over AMQP 0-9-1 ({over_091:.0f}; medians of {rounds})")
 
 
 # -- over the stream protocol ----------------------------------------------------------------------
@@ -201,6 +218,9 @@ def main() -> None:
     parser.add_argument("--stream-rounds", type=int, default=2, help="times the stream-protocol runs repeat (means reported)")
     parser.add_argument("--stream-max-in-flight", type=int, default=1000, help="the stream sink's maxInFlight (its default: 1000)")
     parser.add_argument("--skip-amqp", action="store_true", help="only the stream-protocol runs (with --stream-url)")
+    parser.add_argument(
+        "--amqp10-rounds", type=int, default=0, help="pairs of 1-partition sink runs over AMQP 0-9-1 and AMQP 1.0 (RabbitMQ 4.x; medians)"
+    )
     args = parser.parse_args()
     spark = spark_session("spark-amqp sink benchmark")
     queue = "bench.sink"
@@ -222,6 +242,8 @@ def main() -> None:
                     f"sink, 1 partition                       : {one:9.0f} msg/s  {one / raw_async:.2f}x async (goal >= 0.8)  {one / raw_sync:.1f}x sync (goal >= 3)"
                 )
                 print(f"sink, 2 partitions                      : {two:9.0f} msg/s  {two / raw_async:.2f}x async (goal > 1.0)")
+            if args.amqp10_rounds:
+                amqp10_benchmarks(spark, url, queue, args.rows, args.amqp10_rounds)
             if args.stream_url:
                 stream_benchmarks(spark, args.stream_url, args.rows, args.stream_rounds, args.stream_max_in_flight)
     finally:

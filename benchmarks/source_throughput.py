@@ -15,7 +15,10 @@ is compared with the mean of the runs around it; the machine's pace drifts):
 - raw pika: SelectConnection, prefetch 1000, a multi-ack every 1000;
 - PerfTest (Java), prefetch 1000, a multi-ack every 1000: the broker's limit with the best client;
 - PerfTest with the source's own ack pattern: its prefetch, and one multi-ack per batch (the
-  source holds a batch unacknowledged until Spark commits it): the broker's limit for that pattern.
+  source holds a batch unacknowledged until Spark commits it): the broker's limit for that pattern;
+- python-qpid-proton (AMQP 1.0's reference client, when installed: ``pip install python-qpid-proton``), credit
+  1000, each delivery accepted: the baseline of a sink written ``noop@amqp1.0``, whose source reads over AMQP 1.0
+  (the run prints its median against the same sink over AMQP 0-9-1).
 
 Each run also reports where the time goes: the CPU per message of each process group (the measured
 RabbitMQ node, the source runner on the driver, Spark's JVM, the executors' Python workers, the
@@ -61,6 +64,14 @@ from machine import BROKER_PIDS, PERFTEST_DIR, RUNNER, CpuMeter, listening_pid, 
 from spark_runs import BatchLog, run_to_end, spark_session
 
 from spark_amqp.queues.options import parse_source_options
+
+try:  # the AMQP 1.0 reference client, when installed (see benchmarks/amqp10_client.py): the baseline of @amqp1.0 runs
+    import amqp10_client
+    import proton  # noqa: F401
+
+    PROTON = True
+except ImportError:
+    PROTON = False
 from spark_amqp.reading.arrow import SCHEMA_DDL
 
 BODY = b"x" * 200
@@ -134,6 +145,10 @@ class Run:
 
 
 def stream_once(spark, url: str, queue: str, sink: str, options: dict[str, str], workdir: str) -> Run:  # type: ignore[no-untyped-def]
+    """One AvailableNow run into ``sink``; ``noop@amqp1.0`` (any sink): the source reads over AMQP 1.0."""
+    sink, _, protocol = sink.partition("@")
+    if protocol:
+        options = {**options, "protocol": protocol}
     run = f"{sink}-{time.monotonic_ns()}"
     reader = spark.readStream.format("amqp").option("uri", url).option("queue", queue).options(**options)
     if sink.endswith("+journal"):
@@ -209,6 +224,8 @@ class Baselines:
     def __init__(self, url: str, queue: str, count: int, jars: Path | None, prefetch: int, batch: int) -> None:
         self.url, self.queue, self.count, self.jars = url, queue, count, jars
         self.kinds = {"pika": (1000, 1000)}
+        if PROTON:
+            self.kinds["proton (AMQP 1.0)"] = (1000, 1)
         if jars is not None:
             self.kinds["PerfTest"] = (1000, 1000)
             self.kinds["PerfTest, source's pattern"] = (prefetch, batch)
@@ -220,6 +237,10 @@ class Baselines:
             with CpuMeter() as cpu:
                 if kind == "pika":
                     rate = self.count / pb.consume(self.url, self.queue, self.count, prefetch=prefetch, ack_every=ack_every)
+                elif kind.startswith("proton"):
+                    start = time.perf_counter()
+                    amqp10_client.proton_consume(self.url, self.queue, self.count)
+                    rate = self.count / (time.perf_counter() - start)
                 else:
                     assert self.jars is not None
                     rate = perftest_consume(self.jars, self.url, self.queue, self.count, prefetch, ack_every)
@@ -249,7 +270,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--max-per-trigger", type=int, default=None, help="maxMessagesPerTrigger (default: the source's own)")
-    parser.add_argument("--sinks", default="noop,noop,noop", help="comma-separated: noop, parquet, delta, delta+journal")
+    parser.add_argument(
+        "--sinks",
+        default="noop,noop,noop",
+        help="comma-separated: noop, parquet, delta, delta+journal; with @amqp1.0 the source reads over AMQP 1.0",
+    )
     parser.add_argument("--journal-pairs", type=int, default=0, help="pairs of delta runs without and with the journal")
     parser.add_argument("--backlog", type=int, default=0, help="messages for the memory check (0 to skip)")
     parser.add_argument("--perftest-jars", type=Path, default=PERFTEST_DIR)
@@ -296,7 +321,7 @@ def main() -> None:
                     f"    {run.where()}\n    {run.cpu.summary(run.rows)}",
                     flush=True,
                 )
-                if sink == "delta":
+                if sink == "delta":  # (not delta@amqp1.0: one ceiling a pair will do)
                     ceiling = rate_to_delta(spark, args.messages, batch, workdir)
                     steady.setdefault("rate", []).append(ceiling.steady)
                     print(
@@ -304,6 +329,11 @@ def main() -> None:
                         f"source -> delta = {run.steady / ceiling.steady:.2f}x of it\n    {ceiling.where()}",
                         flush=True,
                     )
+            for name in [s for s in steady if s.endswith("@amqp1.0") and s.split("@")[0] in steady]:
+                over_10, over_091 = statistics.median(steady[name]), statistics.median(steady[name.split("@")[0]])
+                print(
+                    f"source over AMQP 1.0 -> {name.split('@')[0]}: {over_10:7,.0f} msg/s steady = {over_10 / over_091:.2f}x over AMQP 0-9-1 ({over_091:,.0f}; medians)"
+                )
             if "noop" in steady and "delta" in steady:
                 noop, delta = statistics.median(steady["noop"]), statistics.median(steady["delta"])
                 print(f"source -> delta: {delta:7,.0f} msg/s steady = {delta / noop:.2f}x source -> noop ({noop:,.0f}; medians)")

@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import struct
+import urllib.parse
 import uuid
 from typing import Any
 
 from ..amqp10 import performatives as p
 from ..amqp10.conditions import error_for
 from ..amqp10.performatives import Performative as P
+from ..amqp10.types import Symbol
 from ..errors import AccessRefused, AmqpProtocolError, ConnectionLost, DecodeError, HandshakeFailed
 from ..transport.connection import CLOSE_TIMEOUT, Connection, parse_version
 from ..transport.login import Login
@@ -76,8 +78,8 @@ class Amqp10Client(Connection):
                 if total - offset < 8:
                     break
                 (size,) = _SIZE.unpack_from(data, offset)
-                if size < 8 or size > self.max_frame:
-                    raise DecodeError(f"AMQP 1.0: a frame of {size} bytes (the largest agreed: {self.max_frame})")
+                if size < 8 or size > MAX_FRAME:
+                    raise DecodeError(f"AMQP 1.0: a frame of {size} bytes (the largest this client takes: {MAX_FRAME})")
                 if total - offset < size:
                     break
                 # Most frames on a busy receiver are transfers: read by hand, without a generic decode.
@@ -121,7 +123,8 @@ class Amqp10Client(Connection):
             self._phase = "amqp header"
             self.write(p.AMQP_HEADER)
             idle_ms = int(self.options.heartbeat * 1000)
-            properties = {"product": "spark-amqp", "connection_name": self.client_name}
+            # Symbols, as the standard has them: RabbitMQ shows a connection's properties only when their keys are.
+            properties = {Symbol("product"): "spark-amqp", Symbol("connection_name"): self.client_name}
             self.write(p.open_(f"spark-amqp-{uuid.uuid4()}", f"vhost:{self.options.vhost}", MAX_FRAME, idle_ms, properties))
 
     # -- frames ------------------------------------------------------------------------------------
@@ -160,7 +163,8 @@ class Amqp10Client(Connection):
             self._lost(reason)
 
     def _on_open(self, fields: list[Any]) -> None:
-        self.max_frame = min(MAX_FRAME, fields[2]) if len(fields) > 2 and fields[2] else MAX_FRAME
+        # The largest frame the broker takes: what this client sends is cut to it (ours, MAX_FRAME, is what it takes).
+        self.max_frame = min(1 << 24, fields[2]) if len(fields) > 2 and fields[2] else MAX_FRAME
         peer_idle_ms = fields[4] if len(fields) > 4 and fields[4] else 0
         self.server_properties = fields[9] if len(fields) > 9 and isinstance(fields[9], dict) else {}
         self.server_version = parse_version(self.server_properties.get("version"))
@@ -193,7 +197,7 @@ class Amqp10Client(Connection):
         link._end(error_for(*error, on_connection=False) if error else None)
 
     def _on_transfer(self, handle: int, delivery_id: int | None, more: bool, payload: bytes) -> None:
-        self.next_incoming_id += 1
+        self.next_incoming_id = (self.next_incoming_id + 1) & 0xFFFFFFFF  # a serial number (4.0 starts just below 2^32)
         self._incoming_left -= 1
         if self._incoming_left < INCOMING_WINDOW // 2:
             self._incoming_left = INCOMING_WINDOW
@@ -207,6 +211,8 @@ class Amqp10Client(Connection):
             link = self._remote.get(fields[4])
             if isinstance(link, Sender):
                 link._flow(fields[5], fields[6] or 0)
+            elif isinstance(link, Receiver):
+                link._flow(fields[5], fields[6] or 0, fields[7] if len(fields) > 7 else None)
 
     def _on_disposition(self, fields: list[Any]) -> None:
         first = fields[1]
@@ -227,19 +233,32 @@ class Amqp10Client(Connection):
 
     # -- API ----------------------------------------------------------------------------------------------
 
+    @property
+    def rabbitmq(self) -> bool:
+        return str(self.server_properties.get("product", "")).lower() == "rabbitmq"
+
+    def queue_address(self, queue: str) -> str:
+        """Where ``queue`` is: RabbitMQ's address v2 (``/queues/<percent-encoded name>``), else the name itself."""
+        return f"/queues/{urllib.parse.quote(queue, safe='')}" if self.rabbitmq else queue
+
     async def receiver(self, address: str, on_delivery: DeliveryHandler, filters: dict[Any, Any] | None = None) -> Receiver:
         """A link reading ``address`` (``/queues/q`` on RabbitMQ), attached; no credit yet (``grant``)."""
         handle = next(self._handles)
         link = Receiver(self, handle, f"spark-amqp-receiver-{handle}", address, on_delivery)
-        source = [address, None, None, None, None, None, None, filters or None]
+        # A queue elsewhere than RabbitMQ (Artemis: an anycast address) is asked for by its capability.
+        capabilities = None if self.rabbitmq else Symbol("queue")
+        source = [address, None, None, None, None, None, None, filters or None, None, None, capabilities]
         await self._attach(link, p.attach(link.name, handle, True, source, []))
         return link
 
-    async def sender(self, address: str | None, on_outcome: OutcomeHandler) -> Sender:
-        """A link writing to ``address`` (``/queues/q``, ``/exchanges/e/key``; None: each message's ``to``), attached."""
+    async def sender(self, address: str | None, on_outcome: OutcomeHandler, capability: str | None = None) -> Sender:
+        """A link writing to ``address`` (``/queues/q``, ``/exchanges/e/key``; None: each message's ``to``), attached.
+        ``capability``: what the address must be, where the broker makes it on first use (Artemis: ``queue``, an
+        anycast queue of that name; ``topic``, a multicast address)."""
         handle = next(self._handles)
         link = Sender(self, handle, f"spark-amqp-sender-{handle}", address or "", on_outcome)
-        await self._attach(link, p.attach(link.name, handle, False, [], [address], initial_delivery_count=0))
+        target = [address, None, None, None, None, None, Symbol(capability)] if capability else [address]
+        await self._attach(link, p.attach(link.name, handle, False, [], target, initial_delivery_count=0))
         return link
 
     async def _attach(self, link: Link, frame: bytes) -> None:
@@ -256,7 +275,7 @@ class Amqp10Client(Connection):
             reason = await asyncio.wait_for(asyncio.shield(link.closed), self.options.connection_timeout)
             raise reason or ConnectionLost(f"the broker refused to attach '{link.address}'")
 
-    def flow(self, link: Receiver, credit: int, drain: bool) -> None:
+    def flow(self, link: Receiver, credit: int, drain: bool, echo: bool = False) -> None:
         self.write(
             p.flow(
                 self.next_incoming_id,
@@ -267,6 +286,7 @@ class Amqp10Client(Connection):
                 link.delivery_count,
                 credit,
                 drain,
+                echo,
             )
         )
 

@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 
 __all__ = ["DeliveryHandler", "Link", "Receiver", "Sender"]
 
+# A transfer frame's own bytes, at most: the frame header and the performative (handle, id, tag, flags).
+TRANSFER_OVERHEAD = 64
+
 # delivery id, message bytes (the sections), whether the broker already settled it
 DeliveryHandler = Callable[[int, bytes], None]
 # delivery ids, then the outcome's descriptor code and its fields
@@ -63,11 +66,47 @@ class Receiver(Link):
         super().__init__(client, handle, name, address)
         self.on_delivery = on_delivery
         self._partial: list[bytes] = []
+        self.available: int | None = None  # what the source holds beyond this link's credit, as the broker last said
+        self._echoes: list[asyncio.Future[int | None]] = []
 
-    def grant(self, credit: int, drain: bool = False) -> None:
+    def grant(self, credit: int, drain: bool = False, echo: bool = False) -> None:
         """Sets the link's credit to ``credit`` (AMQP 1.0 credit is set, not added)."""
         self.credit = credit
-        self.client.flow(self, credit, drain)
+        self.client.flow(self, credit, drain, echo)
+
+    async def echo(self, credit: int | None = None) -> int | None:
+        """Asks for the broker's flow (with ``credit``, else the link's own) and waits for it: every frame sent
+        before is then processed (a broker handles a session's frames in order). Returns ``available``.
+
+        RabbitMQ answers a flow's ``echo``. ActiveMQ Artemis ignores it but must answer a ``drain``, which takes what
+        credit allows first: there the link asks for a drain of at least one message, and has no credit after it."""
+        waiter: asyncio.Future[int | None] = self.client.loop.create_future()
+        self._echoes.append(waiter)
+        credit = self.credit if credit is None else credit
+        if self.client.rabbitmq:
+            self.grant(credit, echo=True)
+        else:
+            self.grant(max(credit, 1), drain=True)
+        done, _ = await asyncio.wait(
+            (waiter, self.closed), timeout=self.client.options.connection_timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+        if waiter in done:
+            return waiter.result()
+        waiter.cancel()
+        if self.closed.done():
+            raise self.closed.result() or AmqpProtocolError(f"the link to '{self.address}' ended")
+        raise AmqpProtocolError(f"no answer to a flow on '{self.address}' within connectionTimeout")
+
+    def _flow(self, delivery_count: int | None, credit: int, available: int | None) -> None:
+        if credit == 0 and self.credit:
+            self.credit = 0  # a drain that ran out: the broker advanced delivery-count over the rest
+        if delivery_count is not None:
+            self.delivery_count = delivery_count
+        self.available = available
+        echoes, self._echoes = self._echoes, []
+        for waiter in echoes:
+            if not waiter.done():
+                waiter.set_result(available)
 
     def settle(self, first: int, last: int, outcome: bytes = p.Outcome.ACCEPTED) -> None:
         """One disposition for delivery ids ``first`` to ``last``: ``Outcome.ACCEPTED`` (done), ``RELEASED`` (back to
@@ -85,7 +124,7 @@ class Receiver(Link):
             self._partial = []
             delivery_id = self._first_id
         assert delivery_id is not None
-        self.delivery_count += 1
+        self.delivery_count = (self.delivery_count + 1) & 0xFFFFFFFF  # a serial number: it wraps
         self.credit -= 1
         self.on_delivery(delivery_id, payload)
 
@@ -103,13 +142,19 @@ class Sender(Link):
         delivery_id = self.client.next_delivery_id()
         tag = delivery_id.to_bytes(4, "big")
         self.client.track(delivery_id, self)
-        self.client.write(p.transfer(self.handle, delivery_id, tag, payload))
-        self.delivery_count += 1
+        room = self.client.max_frame - TRANSFER_OVERHEAD
+        if len(payload) <= room:
+            self.client.write(p.transfer(self.handle, delivery_id, tag, payload))
+        else:  # a message larger than a frame: transfers with more=true, then the last
+            for at in range(0, len(payload), room):
+                more = at + room < len(payload)
+                self.client.write(p.transfer(self.handle, delivery_id, tag, payload[at : at + room], more=more))
+        self.delivery_count = (self.delivery_count + 1) & 0xFFFFFFFF
         self.credit -= 1
         return delivery_id
 
     def _flow(self, delivery_count: int | None, credit: int) -> None:
         # The receiver's view: what it has taken (delivery-count) plus credit is how far this sender may go.
         taken = self.delivery_count if delivery_count is None else delivery_count
-        self.credit = taken + credit - self.delivery_count
+        self.credit = ((taken + credit - self.delivery_count + (1 << 31)) & 0xFFFFFFFF) - (1 << 31)
         self.credit_changed.set()

@@ -1,6 +1,6 @@
 """``Trigger.AvailableNow`` for queues: what a run reads, and when a queue has given it all.
 
-The target is what each queue held when the run started (a passive declare)
+The target is what each queue held when the run started (a passive declare; over AMQP 1.0, a link's ``available``)
 plus what the source had already received. A queue whose messages run out
 before its target (another consumer took some, a TTL expired them) is
 finished once the broker reports it empty and nothing of it is buffered.
@@ -13,6 +13,8 @@ import logging
 import time
 from collections.abc import Sequence
 
+from ..amqp10_client import Amqp10Client
+from ..amqp10_client.depths import queue_depths as depths_over_amqp10
 from ..client import AmqpClient, queue_depths
 from ..errors import AmqpSourceError, explain, is_transient
 from ..transport.options import ConnectionOptions
@@ -26,6 +28,12 @@ def measure_depths(connection: ConnectionOptions, client_name: str, queues: Sequ
     """Ready messages per queue, on a connection of its own; transient failures are retried for up to connectionTimeout."""
 
     async def measure() -> dict[str, int]:
+        if connection.amqp10:
+            client10 = await Amqp10Client.connect(connection, client_name)
+            try:
+                return await depths_over_amqp10(client10, tuple(queues))
+            finally:
+                await client10.close()
         client = await AmqpClient.connect(connection, client_name)
         try:
             return await queue_depths(client, tuple(queues))

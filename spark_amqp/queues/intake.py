@@ -42,8 +42,11 @@ class Intake:
         self.sessions_lost = 0
         self.most_returns: dict[str, int] = {}  # queue -> highest x-delivery-count seen (the progress shows it)
 
-    def take(self, inbox: deque[Delivery | SessionClosed | AckConfirmed]) -> tuple[list[Entry], bool]:
-        """Everything in ``inbox``; (returned deliveries that are not copies, whether an ack round was proven)."""
+    def take(self, inbox: deque[Delivery | SessionClosed | AckConfirmed], unmarked: bool = False) -> tuple[list[Entry], bool]:
+        """Everything in ``inbox``; (returned deliveries that are not copies, whether an ack round was proven).
+
+        ``unmarked``: the broker does not mark a redelivery (ActiveMQ Artemis over AMQP 1.0 sends no delivery-count):
+        then every delivery is checked against the copies the filter expects, while it expects any."""
         buffer = self.buffer
         ledgers = self.ledgers
         filt = self.filter
@@ -60,13 +63,13 @@ class Intake:
                     ledger = ledgers[sid] = SessionLedger()
                 entry = Entry(item.tag, item)
                 ledger.add(entry)
-                if item.redelivered:
+                if item.redelivered or (unmarked and filt.expecting):
                     owner = filt.match(item)
                     if owner is not None:
                         ledger.claim(entry, owner)
                         self.copies_dropped += 1
                         continue
-                    count = returns(item)
+                    count = returns(item) if item.redelivered else 0
                     if count:
                         if count > self.most_returns.get(item.queue, 0):
                             self.most_returns[item.queue] = count

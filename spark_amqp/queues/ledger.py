@@ -213,6 +213,11 @@ class RedeliveryFilter:
             self._forget(key)
         return owner
 
+    @property
+    def expecting(self) -> bool:
+        """Whether any copy may still come back."""
+        return bool(self._owners)
+
     def holds(self, owner: int) -> bool:
         """Whether a copy owned by batch ``owner`` is still expected."""
         return self._per_owner[owner] > 0

@@ -24,6 +24,7 @@ from typing import Any
 from ..errors import AmqpSourceError
 from ..reading import arrow
 from ..reading.admission import Admission
+from .amqp10_session import Amqp10Session
 from .available_now import AvailableNow, measure_depths
 from .delivery_limit import DeliveryLimitGuard, max_returns
 from .intake import Intake, returns
@@ -63,7 +64,7 @@ class SourceRuntime:
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self.run_id = uuid.uuid4().hex[:12]
-        self.session: ConsumerSession | None = None
+        self.session: ConsumerSession | Amqp10Session | None = None
         journal = options.journal
         self.filter = RedeliveryFilter(journal.retention if journal else DEFAULT_JOURNAL_RETENTION, options.dedupe_by)
         self.intake = Intake(self.filter)
@@ -92,9 +93,10 @@ class SourceRuntime:
 
     # -- lifecycle --------------------------------------------------------------
 
-    def ensure_started(self) -> ConsumerSession:
+    def ensure_started(self) -> ConsumerSession | Amqp10Session:
         if self.session is None:
-            self.session = ConsumerSession(self.options, self.run_id)
+            kind = Amqp10Session if self.options.connection.amqp10 else ConsumerSession
+            self.session = kind(self.options, self.run_id)
             if in_source_runner():
                 shut_down_first(self.shutdown)
             self.session.start()
@@ -243,7 +245,7 @@ class SourceRuntime:
         assert self.session is not None
         if not self.recovered:  # deliveries wait until the journal's redelivered copies are known
             return
-        returned, proven = self.intake.take(self.session.inbox)
+        returned, proven = self.intake.take(self.session.inbox, not self.session.marks_redeliveries)
         if proven and self.journalled is not None:
             self.journalled.ack_proven()
         if returned:
@@ -312,7 +314,7 @@ class SourceRuntime:
             quota.check_drained({e.delivery.queue for e in buffer})
         return taken
 
-    def _take_available_now(self, session: ConsumerSession, limit: int) -> list[Entry]:
+    def _take_available_now(self, session: ConsumerSession | Amqp10Session, limit: int) -> list[Entry]:
         """The next batch of an AvailableNow run, which Spark ends at the first latestOffset that returns its start:
         so wait for data until the run's target is reached.
 
@@ -375,7 +377,7 @@ class SourceRuntime:
             self._acknowledge()  # the journal holds them now
         return planned
 
-    def _await_acks(self, session: ConsumerSession, timeout: float = 5.0) -> None:
+    def _await_acks(self, session: ConsumerSession | Amqp10Session, timeout: float = 5.0) -> None:
         """Before an AvailableNow run ends, make sure its last batch's acks reached the broker."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

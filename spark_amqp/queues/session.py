@@ -1,9 +1,7 @@
-"""``ConsumerSession``: the source runner's one connection, on a background I/O thread.
+"""``ConsumerSession``: the source runner's connection over AMQP 0-9-1 (an ``IoSession``).
 
-One channel per queue, manual acks, a per-consumer prefetch. The I/O thread
-runs an asyncio loop that owns the socket (``AmqpClient``); the runner thread
-talks to it only through ``inbox`` (deliveries and events, in order) and
-``ack`` (scheduled onto the loop). A channel or connection that dies is
+One channel per queue, manual acks, a per-consumer prefetch. The runner thread
+acknowledges through ``ack`` (scheduled onto the I/O loop). A channel that dies is
 reopened with backoff under a new session id, so a delivery tag is only ever
 acknowledged on the channel that delivered it.
 """
@@ -11,28 +9,22 @@ acknowledged on the channel that delivered it.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import socket
-import threading
-from collections import deque
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
 
 from pamqp import commands
 
 from .. import framing
 from ..client import AmqpClient, ClientChannel, LazyProperties, queue_stats, stats_of
-from ..errors import AmqpProtocolError, AmqpReplyError, AmqpSourceError, NotFound, OtherConsumers, StreamInQueueMode, explain, is_transient
+from ..errors import AmqpProtocolError, AmqpReplyError, AmqpSourceError, NotFound, OtherConsumers, StreamInQueueMode
 from ..reading.stream_consumers import is_stream
 from ..transport.backoff import Backoff
-from ..transport.outage import BrokerOutage, Outage
 from .channel_policy import ChannelPolicy
 from .inbox import AckConfirmed, Delivery, SessionClosed
+from .io_session import IoSession
 from .options import SourceOptions
 
 log = logging.getLogger("spark_amqp.queues")
-T = TypeVar("T")
 
 
 class _Consumer:
@@ -45,55 +37,15 @@ class _Consumer:
         self.tag = ""
 
 
-class ConsumerSession:
+class ConsumerSession(IoSession):
+    client_class = AmqpClient
+
     def __init__(self, options: SourceOptions, run_id: str) -> None:
-        self.options = options
-        self.run_id = run_id
-        self.inbox: deque[Delivery | SessionClosed | AckConfirmed] = deque()
-        self.fatal: AmqpSourceError | None = None
-        self._epoch = 0
-        self._stopping = False
-        self._started = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._client: AmqpClient | None = None
+        super().__init__(options, run_id)
         self._consumers: dict[str, _Consumer] = {}  # session id -> consumer
-        self._consuming: set[str] = set()
         self._policy = ChannelPolicy(options)
-        self._last_error = ""
-        self.outage = Outage(options.connection.outage_timeout, options.connection.display_uri)
-        self.server_version: tuple[int, int] | None = None  # the broker's, once connected
-        self._main: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Future[None]] = set()
 
     # -- runner-thread API ------------------------------------------------
-
-    def start(self) -> None:
-        """Connect and start consuming every queue; raise a clear error if that cannot work."""
-        if self._thread is None:
-            ready = threading.Event()
-            self._thread = threading.Thread(target=self._thread_main, args=(ready,), name="amqp-source-io", daemon=True)
-            self._thread.start()
-            ready.wait()
-        timeout = self.options.connection.round_timeout + 5  # one round over the endpoints, each may be silent
-        if not self._started.wait(timeout):
-            self.check()
-            raise AmqpSourceError(
-                f"could not start consuming {', '.join(self.options.queues)} from "
-                f"{self.options.connection.display_uri} within {timeout:.0f}s: {self._last_error or 'no answer'}"
-            )
-        self.check()
-
-    def check(self) -> None:
-        if self.fatal is None and not self._stopping and self._thread is not None and not self._thread.is_alive():
-            self.fatal = AmqpSourceError("the AMQP consumer thread ended unexpectedly")
-        if self.fatal is None and self._started.is_set():
-            try:
-                self.outage.check()  # a broker gone this long is an error, not an idle queue
-            except BrokerOutage as err:
-                self.fatal = err
-        if self.fatal is not None:
-            raise self.fatal
 
     def ack(self, session: str, multiple: int | None, singles: list[int], ack_round: int) -> None:
         """On ``session``'s channel, if it is still alive: a multi-ack up to ``multiple`` and single acks of
@@ -113,120 +65,13 @@ class ConsumerSession:
         """Messages ready on the broker per queue: passive declares on the consumer's own connection."""
         return self._call(self._ready_counts, timeout)
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Close channels cleanly so unacked deliveries go back to their queues at once."""
-        self._stopping = True
-        loop = self._loop
-        if loop is not None and not loop.is_closed() and self._main is not None and not self._main.done():
-            try:
-                self._call(self._shutdown, timeout)
-            except (AmqpSourceError, RuntimeError):
-                pass
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def _call(self, fn: Callable[[], Awaitable[T]], timeout: float) -> T:
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            raise AmqpSourceError("the consumer is not running")
-        future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(fn(), loop)  # type: ignore[arg-type]
-        try:
-            return future.result(timeout)
-        except TimeoutError:
-            future.cancel()
-            raise AmqpSourceError(f"{self.options.connection.display_uri} did not answer within {timeout:.0f}s") from None
-        except AmqpProtocolError as err:
-            raise self._error(err) from err
-
     # -- I/O thread -------------------------------------------------------------
 
-    def _thread_main(self, ready: threading.Event) -> None:
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        self._main = loop.create_task(self._run())
-        ready.set()
-        try:
-            loop.run_until_complete(self._main)
-        except asyncio.CancelledError:
-            pass
-        except BaseException as err:  # a bug must fail the query with its cause, never leave it waiting
-            self._crashed(err)
-        finally:
-            self._started.set()  # unblock a waiting start(); check() reports why
-            loop.close()
+    def _lost_all(self, reason: str) -> None:
+        for consumer in list(self._consumers.values()):
+            self._session_lost(consumer, reason)
 
-    async def _run(self) -> None:
-        backoff = Backoff()
-        connection = self.options.connection
-        while not self._stopping and self.fatal is None:
-            try:
-                client = await AmqpClient.connect(connection, f"spark-amqp source {self.run_id}")
-            except Exception as err:
-                if not is_transient(err):
-                    self.fatal = self._error(err)
-                    return
-                self._last_error = str(err)
-                self.outage.failed(err)
-                delay = backoff.next()
-                log.warning(
-                    "AMQP source: cannot connect to %s (%s); retrying in %.1fs (no answer for %.0fs of brokerOutageTimeout=%gs)",
-                    connection.display_uri,
-                    err,
-                    delay,
-                    self.outage.seconds(),
-                    self.outage.timeout,
-                )
-                await asyncio.sleep(delay)
-                continue
-            backoff.reset()
-            self.outage.recovered()
-            self._client = client
-            self.server_version = client.server_version
-            tasks = [self._supervised(self._consume_queue(client, q)) for q in self.options.queues]
-            reason = await client.closed
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            for consumer in list(self._consumers.values()):
-                self._session_lost(consumer, f"connection lost: {reason}")
-            self._client = None
-            if self._stopping or self.fatal is not None:
-                return
-            if not is_transient(reason):
-                self.fatal = self._error(reason)
-                return
-            self._last_error = str(reason)
-            self.outage.failed(reason)
-            log.warning("AMQP source: connection to %s lost (%s); reconnecting", connection.display_uri, reason)
-            await asyncio.sleep(backoff.next())
-
-    def _supervised(self, coro: Awaitable[None]) -> asyncio.Task[None]:
-        """A task whose unexpected exception fails the query (never a silent, dead consumer)."""
-        task = asyncio.ensure_future(coro)
-
-        def done(t: asyncio.Task[None]) -> None:
-            if not t.cancelled() and t.exception() is not None:
-                self._crashed(t.exception())  # type: ignore[arg-type]
-
-        task.add_done_callback(done)
-        return task
-
-    def _crashed(self, err: BaseException) -> None:
-        log.error("AMQP source: the consumer failed unexpectedly", exc_info=err)
-        if self.fatal is None:
-            fatal = AmqpSourceError(f"the AMQP consumer failed unexpectedly: {type(err).__name__}: {err}")
-            fatal.__cause__ = err
-            self.fatal = fatal
-        if self._client is not None and not self._client.closed.done():
-            self._client.abort(_Stopped("consumer failed"))
-
-    def _error(self, err: BaseException, queue: str = "") -> AmqpSourceError:
-        c = self.options.connection
-        error = AmqpSourceError(explain(err, c.display_uri, c.username, c.vhost, f"queue '{queue}'" if queue else ""))
-        error.__cause__ = err
-        return error
-
-    async def _consume_queue(self, client: AmqpClient, queue: str) -> None:
+    async def _serve(self, client: AmqpClient, queue: str) -> None:
         backoff = Backoff()
         while not self._stopping and self.fatal is None and not client.closed.done():
             try:
@@ -286,9 +131,7 @@ class ConsumerSession:
         channel.on_delivery = on_first_delivery
         channel.on_cancel = on_cancel
         await self._basic_consume(consumer)
-        self._consuming.add(queue)
-        if self._consuming >= set(self.options.queues):
-            self._started.set()
+        self._subscribed(queue)
 
     async def _basic_consume(self, consumer: _Consumer) -> None:
         # The tag names the host and the query run: what `rabbitmqctl list_consumers` shows of us.
@@ -350,10 +193,9 @@ class ConsumerSession:
         message = self._policy.failure(queue, reason)
         if message is None:
             return False
-        self.fatal = AmqpSourceError(message)
-        self.fatal.__cause__ = reason
-        if self._client is not None:
-            self._background(self._client.close())
+        error = AmqpSourceError(message)
+        error.__cause__ = reason
+        self._fail(error)
         return True
 
     def _session_lost(self, consumer: _Consumer, reason: str) -> None:
@@ -370,11 +212,6 @@ class ConsumerSession:
         for tag in singles:
             consumer.channel.ack(tag, False)
         self._background(self._prove_ack(consumer, ack_round))
-
-    def _background(self, coro: Awaitable[None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def _prove_ack(self, consumer: _Consumer, ack_round: int) -> None:
         # basic.qos is synchronous: its reply proves the ack before it was processed.
@@ -403,7 +240,7 @@ class ConsumerSession:
             if consumer.channel.is_open:
                 await self._basic_consume(consumer)
 
-    async def _shutdown(self) -> None:
+    async def _stop(self) -> None:
         client = self._client
         if client is not None:
             # Unacked deliveries go back as nacks (a closed channel would count as a return
@@ -413,7 +250,3 @@ class ConsumerSession:
             await client.close()
         if self._main is not None:
             self._main.cancel()
-
-
-class _Stopped(AmqpProtocolError):
-    """Why the consumer's own connection was dropped after a failure (never retried)."""

@@ -84,6 +84,8 @@ SINK_KEYS = CONNECTION_KEYS | keyed(
 def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
     r = OptionReader(options, SINK_KEYS)
     connection = parse_connection(r, stream_protocol=True)
+    if connection.amqp10:
+        _amqp10_only(r)
     stream, deduplication = _stream_target(r, connection.stream_protocol)
     sub_entry_size, codec = _sub_entries(r)
     exchange = r.text("exchange", "") or ""
@@ -135,6 +137,16 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
         sub_entry_size=sub_entry_size,
         compression=codec,
     )
+
+
+def _amqp10_only(r: OptionReader) -> None:
+    """protocol=amqp1.0: the options that declare (AMQP 1.0 has no declarations) or route by partition are refused."""
+    for key in ("declareExchange", "declareQueue", "superStream"):
+        if r.text(key) is not None:
+            raise AmqpOptionError(
+                f"option '{key}' is for AMQP 0-9-1: over AMQP 1.0 (protocol=amqp1.0) the sink publishes to exchanges and queues "
+                "that exist already; declare them with your broker's tools, or publish with protocol=amqp0-9-1"
+            )
 
 
 def _stream_target(r: OptionReader, stream_protocol: bool) -> tuple[str | None, bool]:

@@ -17,7 +17,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pamqp import commands
 
@@ -31,6 +31,7 @@ from .options import SinkOptions
 
 log = logging.getLogger("spark_amqp.sink")
 
+T = TypeVar("T")
 YIELD_EVERY = 256  # let the reader process confirms while a long batch is being sent
 
 
@@ -166,35 +167,18 @@ class PartitionPublisher:
         self, description: str, on_connect: Callable[[AmqpClient], Awaitable[None]] | None
     ) -> tuple[AmqpClient, ClientChannel]:
         """A connection and a confirm channel, a transient failure waited out up to brokerOutageTimeout."""
-        opts = self.options
-        backoff = Backoff()
-        outage = Outage(opts.connection.outage_timeout, opts.connection.display_uri)
-        while True:
-            client: AmqpClient | None = None
+
+        async def attempt() -> tuple[AmqpClient, ClientChannel]:
+            client = await _connect(self.options, description)
             try:
-                client = await _connect(opts, description)
                 if on_connect is not None:
                     await on_connect(client)
                 return client, await self._open_channel(client)
-            except AmqpPublishError as err:
-                if client is not None:
-                    await client.close()
-                cause = err.__cause__
-                if cause is None or not is_transient(cause):
-                    raise
-                outage.failed(cause)
-                delay = backoff.next()
-                if not outage.allows(delay):
-                    raise AmqpPublishError(f"{err} ({outage.waited()}); nothing was published") from cause
-                log.warning(
-                    "AMQP sink: %s; trying again in %.1fs (attempt %d, nothing published yet; %.0fs of brokerOutageTimeout=%gs)",
-                    err,
-                    delay,
-                    backoff.failures,
-                    outage.seconds(),
-                    outage.timeout,
-                )
-                await asyncio.sleep(delay)
+            except BaseException:
+                await client.close()
+                raise
+
+        return await patiently(self.options, attempt)
 
     async def _open_channel(self, client: AmqpClient) -> ClientChannel:
         """A channel in confirm mode, after any declarations asked for; a refusal names what was refused."""
@@ -289,6 +273,33 @@ async def _connect(opts: SinkOptions, description: str) -> AmqpClient:
     except AmqpProtocolError as err:
         c = opts.connection
         raise AmqpPublishError(f"{explain(err, c.display_uri, c.username, c.vhost)}; {retry_hint(err)}") from err
+
+
+async def patiently(opts: SinkOptions, attempt: Callable[[], Awaitable[T]]) -> T:
+    """``attempt`` again while it fails with an ``AmqpPublishError`` caused by a transient fault, for up to
+    brokerOutageTimeout: nothing is published before it succeeds, so trying again is safe."""
+    backoff = Backoff()
+    outage = Outage(opts.connection.outage_timeout, opts.connection.display_uri)
+    while True:
+        try:
+            return await attempt()
+        except AmqpPublishError as err:
+            cause = err.__cause__
+            if cause is None or not is_transient(cause):
+                raise
+            outage.failed(cause)
+            delay = backoff.next()
+            if not outage.allows(delay):
+                raise AmqpPublishError(f"{err} ({outage.waited()}); nothing was published") from cause
+            log.warning(
+                "AMQP sink: %s; trying again in %.1fs (attempt %d, nothing published yet; %.0fs of brokerOutageTimeout=%gs)",
+                err,
+                delay,
+                backoff.failures,
+                outage.seconds(),
+                outage.timeout,
+            )
+            await asyncio.sleep(delay)
 
 
 def retry_hint(err: BaseException) -> str:

@@ -26,19 +26,13 @@ and any AMQP 0-9-1 consumer read the row back with the same columns:
 
 from __future__ import annotations
 
-import datetime
-import decimal
-import struct
-import urllib.parse
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import pyarrow as pa
 
-from .. import amqp10
-from ..amqp10.types import Opaque, Symbol, Timestamp
-from ..rabbitmq import FILTER_VALUE_HEADER
 from ..stream_protocol.rows import Conversion
-from .columns import PUBLISHING_ID, MessageBuilder
+from .amqp10_messages import Amqp10Encoder
+from .columns import PUBLISHING_ID
 from .options import SinkOptions
 from .producers import Producer
 
@@ -47,13 +41,6 @@ __all__ = ["MESSAGE_OVERHEAD", "StreamMessage", "StreamMessageBuilder"]
 # A publish frame around one message: size, key, version, publisher id, count (4+2+2+1+4), then the
 # message's publishing id, filter value (2 + its bytes) and size (8+2+4).
 MESSAGE_OVERHEAD = 27
-_LONG = struct.Struct(">q")
-_UINT = struct.Struct(">I")
-_MAX_UINT = (1 << 32) - 1
-PREFIX_CACHE = 1024  # distinct encoded property sets kept (rows with a message_id each never repeat one)
-_DATA_SMALL = b"\x00\x53\x75\xa0"  # a data section holding up to 255 bytes, then its one-byte size
-_DATA_LARGE = b"\x00\x53\x75\xb0"  # a larger one: a four-byte size
-_EMPTY_DATA = _DATA_SMALL + b"\x00"
 
 
 class StreamMessage(NamedTuple):
@@ -65,18 +52,16 @@ class StreamMessage(NamedTuple):
     sub_entry: bool = False
 
 
-class StreamMessageBuilder(MessageBuilder):
+class StreamMessageBuilder(Amqp10Encoder):
     """Arrow batches to ``StreamMessage``s; a bad value fails the batch before any of it is published."""
 
     def __init__(self, options: SinkOptions, producer: Producer) -> None:
         super().__init__(options)
         self.producer = producer
-        self.conversion = Conversion.of(None)
         self.targets: tuple[str, ...] = (options.stream,) if options.stream is not None else ()
         self.max_record = 1 << 30  # until the broker's frame size is known
         self.filtering = True  # publish v2 frames carry filter values (RabbitMQ 3.13+)
         self.last_id = -1  # the last own publishing id: they must increase
-        self._prefixes: dict[tuple[Any, ...], bytes] = {}
         if options.max_message_size is None:
             self.max_message_size = 1 << 30  # the frame size limits the whole message (``met``)
 
@@ -115,19 +100,8 @@ class StreamMessageBuilder(MessageBuilder):
         )
         rows = self._raw_properties(columns, n, always=True) or []
         out = []
-        prefixes = self._prefixes
         for i in range(n):
-            row = rows[i]
-            # The sections before the body, encoded once for each distinct set of values (and checked then).
-            cache_key = (exchanges[i], keys[i], filters[i], *[(c, _hashable(v)) for c, v in row.items()])
-            prefix = prefixes.get(cache_key)
-            if prefix is None:
-                if len(prefixes) >= PREFIX_CACHE:
-                    prefixes.clear()
-                prefix = prefixes[cache_key] = self._prefix(self._checked(row, i), exchanges[i], keys[i], filters[i])
-            body = bodies[i]
-            size = len(body)
-            record = prefix + (_DATA_SMALL + bytes((size,)) if size < 256 else _DATA_LARGE + _UINT.pack(size)) + body
+            record = self.record(self.cached_prefix(rows[i], i, exchanges[i], keys[i], filters[i], None), bodies[i])
             if len(record) + len((filters[i] or "").encode("utf-8")) > self.max_record:
                 raise self._bad(
                     "body",
@@ -156,88 +130,3 @@ class StreamMessageBuilder(MessageBuilder):
             last = value
         self.last_id = last
         return ids
-
-    def _prefix(self, props: dict[str, Any], exchange: str | None, key: str | None, filter_value: str | None) -> bytes:
-        """The message's sections before its body."""
-        conv = self.conversion
-        annotations: dict[Any, Any] = {}
-        if exchange is not None:
-            annotations[Symbol("x-exchange")] = exchange
-        if key is not None:
-            annotations[Symbol("x-routing-key")] = key
-        apps = {k: _app_value(v) for k, v in (props.get("headers") or {}).items()}
-        if filter_value is not None:
-            if conv.legacy:
-                apps[FILTER_VALUE_HEADER] = filter_value
-            else:
-                annotations[Symbol(FILTER_VALUE_HEADER)] = filter_value
-        mode = props.get("delivery_mode", 2 if self.options.persistent else None)
-        priority = props.get("priority")
-        expiration = props.get("expiration")
-        header: list[Any] = []
-        properties: list[Any] = [None] * 13
-        properties[0] = props.get("message_id")
-        properties[1] = props["user_id"].encode("utf-8") if "user_id" in props else None
-        properties[5] = props.get("correlation_id")
-        for index, name in ((6, "content_type"), (7, "content_encoding")):
-            if name in props:
-                properties[index] = Symbol(props[name])
-        if "timestamp" in props:
-            properties[9] = Timestamp(int(props["timestamp"].timestamp()) * 1000)
-        reply_to = props.get("reply_to")
-        if conv.legacy:
-            for name, value in (("x-basic-priority", priority), ("x-basic-delivery-mode", mode)):
-                if value is not None:
-                    annotations[Symbol(name)] = Opaque(0x50, bytes((value,)))
-            if expiration is not None:
-                annotations[Symbol("x-basic-expiration")] = expiration
-            for name, column in (("x-basic-type", "type"), ("x-basic-app-id", "app_id")):
-                if column in props:
-                    apps[name] = props[column]
-        else:
-            if mode is not None or priority is not None or expiration is not None:
-                header = [
-                    None if mode is None else mode == 2,
-                    None if priority is None else Opaque(0x50, bytes((priority,))),
-                    None if expiration is None else Opaque(0x70, _UINT.pack(int(expiration))),
-                ]
-            if "type" in props:
-                annotations[Symbol("x-basic-type")] = props["type"]
-            properties[10] = props.get("app_id")
-            if reply_to is not None and conv.address_reply_to:
-                reply_to = "/queues/" + urllib.parse.quote(reply_to, safe="")
-        properties[4] = reply_to
-        encoded = amqp10.encode(b"", header=header, annotations=annotations, properties=properties, application_properties=apps)
-        return encoded[: -len(_EMPTY_DATA)]
-
-    def _checked(self, row: dict[str, Any], i: int) -> dict[str, Any]:
-        checked = super()._checked(row, i)
-        expiration = checked.get("expiration")
-        if expiration is not None and int(expiration) > _MAX_UINT and not self.conversion.legacy:
-            raise self._bad("expiration", i, expiration, f"an AMQP 1.0 ttl is at most {_MAX_UINT} milliseconds")
-        return checked
-
-
-def _hashable(value: Any) -> Any:
-    """A column value as a cache key: headers (Arrow's (key, value) pairs, or a row's dict) as a tuple."""
-    if isinstance(value, list | tuple):
-        return tuple(_hashable(v) for v in value)
-    if isinstance(value, dict):
-        return tuple((k, _hashable(v)) for k, v in value.items())
-    return value
-
-
-def _app_value(value: Any) -> Any:
-    """A header value (as ``_property_value`` checked it) as an application property RabbitMQ 3.10 to 4.3 converts."""
-    if isinstance(value, bool) or value is None or isinstance(value, str | float):
-        return value
-    if isinstance(value, int):
-        return Opaque(0x81, _LONG.pack(value))  # long: 3.10 refuses an unsigned one (541)
-    if isinstance(value, bytes | bytearray):
-        return bytes(value)
-    if isinstance(value, datetime.datetime):
-        when = value if value.tzinfo else value.replace(tzinfo=datetime.UTC)
-        return Timestamp(int(when.timestamp() * 1000))
-    if isinstance(value, decimal.Decimal):
-        return str(value)
-    return str(value)

@@ -1,7 +1,7 @@
 """Spark's writer classes for the AMQP sink: batch (``df.write``) and streaming.
 
-``write`` runs in executors and publishes its partition: over AMQP 0-9-1 (``PartitionPublisher``),
-or with a rabbitmq-stream:// uri over the stream protocol (``StreamPartitionPublisher``, under the
+``write`` runs in executors and publishes its partition: over AMQP 0-9-1 (``PartitionPublisher``), over AMQP 1.0
+with protocol=amqp1.0 (``Amqp10PartitionPublisher``), or with a rabbitmq-stream:// uri over the stream protocol (``StreamPartitionPublisher``, under the
 producer name and ids of ``producers.py``); it returns only when every message is confirmed, and its
 commit message carries the counts. ``commit``/``abort`` run on the driver and log per batch.
 """
@@ -23,6 +23,8 @@ from pyspark.sql.types import StructType
 from ..client import AmqpClient
 from ..client.super_streams import partitions_of
 from ..errors import AmqpOptionError, AmqpProtocolError, AmqpPublishError, AmqpSourceError, explain
+from .amqp10_messages import Amqp10MessageBuilder
+from .amqp10_publisher import Amqp10PartitionPublisher
 from .columns import MessageBuilder
 from .options import SinkOptions
 from .producers import task_producer
@@ -58,8 +60,11 @@ def _publish_partition(options: SinkOptions, batches: Iterator[pa.RecordBatch], 
         producer = task_producer(context, write_id, options.deduplication)
         done = asyncio.run(StreamPartitionPublisher(options, producer).publish(batches))
         return AmqpCommitMessage(producer.description, done.published, done.confirmed)
-    builder = MessageBuilder(options)
     partition = uuid.uuid4().hex[:8]
+    if options.connection.amqp10:
+        result = asyncio.run(Amqp10PartitionPublisher(options, Amqp10MessageBuilder(options)).publish(batches, partition))
+        return AmqpCommitMessage(partition, result.published, result.confirmed)
+    builder = MessageBuilder(options)
     result = asyncio.run(PartitionPublisher(options).publish((builder.messages(b) for b in batches), partition, connected(builder)))
     return AmqpCommitMessage(partition, result.published, result.confirmed)
 

@@ -33,7 +33,7 @@ from typing import Any
 from .. import amqp10
 from ..amqp10.types import Described, Opaque, Timestamp
 
-__all__ = ["Conversion", "RowMaker", "StreamProperties", "split"]
+__all__ = ["STANDARD", "Conversion", "RowMaker", "StreamProperties", "split"]
 
 _NONE = (None,) * 14
 _I = struct.Struct(">I")
@@ -52,6 +52,10 @@ class Conversion:
     def of(cls, version: tuple[int, int] | None) -> Conversion:
         v = version or (4, 3)
         return cls(legacy=v < (4, 0), headerless_durable=(4, 0) <= v < (4, 3), address_reply_to=v >= (4, 3))
+
+
+# A broker other than RabbitMQ (ActiveMQ Artemis over AMQP 1.0): the standard's sections as they are.
+STANDARD = Conversion(legacy=False, headerless_durable=False, address_reply_to=False)
 
 
 _BODY_SECTIONS = (amqp10.DATA, amqp10.AMQP_VALUE, amqp10.AMQP_SEQUENCE)
@@ -91,17 +95,27 @@ def split(record: bytes) -> tuple[int, bytes | None]:
 
 
 class StreamProperties:
-    """One record's property columns, as ``arrow.to_stream_batch`` asks for them.
+    """One record's property columns, as ``arrow.to_stream_batch`` asks for them, and by the names of
+    AMQP 0-9-1's properties (what queue mode's ledger reads of a delivery).
 
     ``key`` is the record's sections before its body (``b"-"`` for a record that is not
-    AMQP 1.0, which no prefix can be: a prefix starts with 0x00).
+    AMQP 1.0, which no prefix can be: a prefix starts with 0x00). ``redelivered``: the header
+    says the message was delivered before (not ``first-acquirer``, or a ``delivery-count``).
     """
 
-    __slots__ = ("columns", "key")
+    __slots__ = ("columns", "key", "redelivered")
 
-    def __init__(self, key: bytes, columns: tuple[Any, ...]) -> None:
+    def __init__(self, key: bytes, columns: tuple[Any, ...], redelivered: bool = False) -> None:
         self.key = key
         self.columns = columns
+        self.redelivered = redelivered
+
+    message_id = property(lambda self: self.columns[0])
+    correlation_id = property(lambda self: self.columns[1])
+    content_type = property(lambda self: self.columns[2])
+    type = property(lambda self: self.columns[4])
+    timestamp = property(lambda self: self.columns[11])
+    headers = property(lambda self: self.columns[12])
 
     @property
     def shared_key(self) -> bytes:
@@ -169,7 +183,13 @@ class RowMaker:
         ann = parts.annotations
         # Even no sections at all convert to something: 4.0 reads a message without a header as persistent.
         columns = _columns(parts, self.conversion)
-        return str(ann.get("x-exchange") or ""), str(ann.get("x-routing-key", self.stream)), StreamProperties(prefix, columns)
+        header = parts.header
+        redelivered = (len(header) > 3 and header[3] is False) or (len(header) > 4 and bool(header[4]))
+        return (
+            str(ann.get("x-exchange") or ""),
+            str(ann.get("x-routing-key", self.stream)),
+            StreamProperties(prefix, columns, redelivered),
+        )
 
 
 def _value_body(value: Any) -> bytes:

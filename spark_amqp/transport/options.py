@@ -60,13 +60,15 @@ class ConnectionOptions:
     stream_port: int | None = None
     mechanism: str = "PLAIN"  # SASL: PLAIN (a password or an OAuth 2 token) or EXTERNAL (the client certificate)
     oauth2: OAuth2Options | None = None  # where the tokens that stand in for the password come from
+    amqp10: bool = False  # protocol=amqp1.0: AMQP 1.0 on the amqp:// uri's port, not AMQP 0-9-1
 
     @property
     def display_uri(self) -> str:
         """The broker address for logs and errors: never the password."""
         scheme = _SCHEMES[(self.stream_protocol, self.tls is not None)]
         vhost = urllib.parse.quote(self.vhost, safe="")
-        return f"{scheme}://{self.username}@{','.join(map(str, self.endpoints))}/{vhost}"
+        over = " (AMQP 1.0)" if self.amqp10 else ""
+        return f"{scheme}://{self.username}@{','.join(map(str, self.endpoints))}/{vhost}{over}"
 
     @property
     def round_timeout(self) -> float:
@@ -76,11 +78,16 @@ class ConnectionOptions:
 
 
 # key (lower case) -> documented spelling
-CONNECTION_KEYS = keyed("uri", "password", "heartbeat", "connectionTimeout", "brokerOutageTimeout", "loadBalancer", *TLS_KEYS, *LOGIN_KEYS)
+CONNECTION_KEYS = keyed(
+    "uri", "protocol", "password", "heartbeat", "connectionTimeout", "brokerOutageTimeout", "loadBalancer", *TLS_KEYS, *LOGIN_KEYS
+)
 
 
 STREAM_SCHEMES = ("rabbitmq-stream", "rabbitmq-stream+tls")
 _DEFAULT_PORTS = {"amqp": 5672, "amqps": 5671, "rabbitmq-stream": 5552, "rabbitmq-stream+tls": 5551}
+# Option 'protocol': what an amqp:// or amqps:// uri speaks. RabbitMQ 4 serves both on one port, so the
+# uri cannot say; the spelling is lower-cased before it is looked up.
+PROTOCOLS = {"amqp0-9-1": False, "amqp1.0": True}
 
 
 def parse_connection(r: OptionReader, stream_protocol: bool = False) -> ConnectionOptions:
@@ -127,6 +134,7 @@ def parse_connection(r: OptionReader, stream_protocol: bool = False) -> Connecti
     tls = parse_tls(r, scheme in ("amqps", "rabbitmq-stream+tls"))
     login = parse_login(r, urllib.parse.unquote(user) or None, urllib.parse.unquote(uri_password) if has_password else None, tls)
     heartbeat = r.integer("heartbeat", 60, 0, MAX_SECONDS_HEARTBEAT)
+    amqp10 = _protocol(r, scheme, shown)
     load_balancer = r.boolean("loadBalancer", False)
     if load_balancer and scheme not in STREAM_SCHEMES:
         raise AmqpOptionError(
@@ -147,7 +155,23 @@ def parse_connection(r: OptionReader, stream_protocol: bool = False) -> Connecti
         load_balancer=load_balancer,
         mechanism=login.mechanism,
         oauth2=login.oauth2,
+        amqp10=amqp10,
     )
+
+
+def _protocol(r: OptionReader, scheme: str, shown: str) -> bool:
+    given = r.text("protocol")
+    if given is None:
+        return False
+    amqp10 = PROTOCOLS.get(given.strip().lower())
+    if amqp10 is None:
+        raise AmqpOptionError(f"option 'protocol' must be amqp0-9-1 or amqp1.0, got {given!r}")
+    if scheme in STREAM_SCHEMES:
+        raise AmqpOptionError(
+            f"option 'protocol' is for amqp:// and amqps:// uris: {shown} speaks RabbitMQ's stream protocol. Give an amqp:// "
+            "uri with protocol=amqp1.0 to use AMQP 1.0"
+        )
+    return amqp10
 
 
 # A scheme inside a uri, past its own: two uris pasted into one option.

@@ -135,6 +135,8 @@ def test_deliveries_after_a_session_loss_in_the_same_pump_are_kept() -> None:
     from spark_amqp.queues.runtime import SourceRuntime
 
     class FakeSession:
+        marks_redeliveries = True
+
         def __init__(self) -> None:
             self.inbox: collections.deque = collections.deque()  # type: ignore[type-arg]
             self.acks: list[tuple[str, int]] = []
@@ -171,6 +173,7 @@ def test_available_now_waits_for_data_instead_of_ending_the_run() -> None:
 
     class FakeSession:
         inbox: collections.deque = collections.deque()  # type: ignore[type-arg]
+        marks_redeliveries = True
 
         def ack(self, session: str, multiple: int | None, singles: list[int], ack_round: int) -> None:
             pass

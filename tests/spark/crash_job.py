@@ -49,6 +49,7 @@ def main() -> None:
     p.add_argument("--available-now", action="store_true")
     p.add_argument("--kill-after-delta-commit", action="store_true")
     p.add_argument("--max-per-trigger", default="400")
+    p.add_argument("--protocol", help="option 'protocol' (amqp1.0: read the queue over AMQP 1.0)")
     args = p.parse_args()
 
     import sparkenv
@@ -68,6 +69,8 @@ def main() -> None:
     else:
         reader = reader.option("queue", args.queue)
         columns = ["message_id", "CAST(body AS STRING) AS body", "redelivered"]
+    if args.protocol:
+        reader = reader.option("protocol", args.protocol)
     if args.journal:
         reader = reader.option("journalLocation", args.journal)
     rows = reader.load().selectExpr(*columns)

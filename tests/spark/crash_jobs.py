@@ -47,6 +47,8 @@ class Job:
     def __init__(self, url: str, queue: str, work: Path, journal: bool, *flags: str) -> None:
         if queue.startswith("test.stream."):
             flags = ("--stream", *flags)
+        elif queue.startswith("test.amqp10."):
+            flags = ("--protocol", "amqp1.0", *flags)
         args = [sys.executable, str(JOB), "--uri", url, "--queue", queue, "--table", str(work / "table")]
         args += ["--checkpoint", str(work / "checkpoint"), *flags]
         if journal:

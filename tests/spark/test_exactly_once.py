@@ -18,6 +18,7 @@ import pika
 import pytest
 from spark_amqp_broker import EmbeddedBroker
 
+from .. import brokers
 from ..broker.helpers import wait_for
 from ..brokers import counts, drop_source_connections
 from ..conftest import REAL_URL, NameFactory
@@ -115,6 +116,21 @@ def test_sigkill_restarts(spark, broker, names_plain, tmp_path: Path, journal: b
         # and its messages come back from the broker: they are written twice.
         assert duplicated
     assert wait_for(lambda: counts(url, queue, embedded) == (0, 0), timeout=30)
+
+
+@pytest.mark.skipif(not REAL_URL or brokers.version(REAL_URL) < (4, 0), reason="AMQP 1.0 needs RabbitMQ 4.x (AMQP_TEST_BROKERS)")
+def test_sigkill_restarts_over_amqp_1_0_exactly_once_with_the_journal(spark, broker, names_plain, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    url, _ = broker
+    queue = names_plain.queue("amqp10")  # crash_jobs.Job reads it with protocol=amqp1.0
+    _declare(url, queue, **{"x-queue-type": "quorum"})
+    budget = Budget()
+    publisher = _publish(url, queue, MESSAGES, pause=0.5)
+
+    _kill_and_finish(url, queue, tmp_path, True, publisher, random.Random(11), budget)
+
+    ids = message_ids(spark, tmp_path / "table")
+    assert set(ids) == _expected() and max(ids.values()) == 1
+    assert wait_for(lambda: counts(url, queue, None) == (0, 0), timeout=30)
 
 
 def test_connection_drops_during_batches(spark, broker, names_plain, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import threading
+import uuid
 
 import pytest
 from spark_amqp_broker import EmbeddedBroker
 
+from .. import brokers
 from ..broker.helpers import connect, drain, wait_for
 from ..brokers import counts, publish
+from ..conftest import REAL_URL
 from .triggers import run_to_the_end
 
 pytestmark = pytest.mark.spark
@@ -49,6 +52,28 @@ def test_source_dataframe_written_back_as_it_is(spark, amqp_url: str, names, emb
     got = drain(connect(amqp_url).channel(), dst, limit=100)
     assert sorted(p.message_id for _, p, _ in got) == sorted(f"id{i}" for i in range(30))
     assert all(p.headers == {"h": "v"} for _, p, _ in got)
+
+
+@pytest.mark.skipif(not REAL_URL or brokers.version(REAL_URL) < (4, 0), reason="AMQP 1.0 needs RabbitMQ 4.x (AMQP_TEST_BROKERS)")
+def test_a_queue_read_and_written_back_over_amqp_1_0(spark, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    assert REAL_URL is not None
+    src, dst = (f"test.a10.{uuid.uuid4().hex[:8]}.{i}" for i in range(2))
+    publish(REAL_URL, src, [b"m%d" % i for i in range(30)], message_id=lambda i: f"id{i}", headers={"h": "v"}, delivery_mode=2)
+    publish(REAL_URL, dst, [])
+    over_10 = {"uri": REAL_URL, "protocol": "amqp1.0"}
+    try:
+        stream = spark.readStream.format("amqp").options(**over_10).option("queue", src).load().drop("routing_key")
+        writer = (
+            stream.writeStream.format("amqp").options(**over_10).option("routingKey", dst).option("checkpointLocation", str(tmp_path / "c"))
+        )
+        run_to_the_end(writer, lambda: counts(REAL_URL, dst, None) == (30, 0) and counts(REAL_URL, src, None) == (0, 0))
+        got = drain(connect(REAL_URL).channel(), dst, limit=100)
+        assert sorted(p.message_id for _, p, _ in got) == sorted(f"id{i}" for i in range(30))
+        assert all(p.headers == {"h": "v"} and p.delivery_mode == 2 for _, p, _ in got)
+    finally:
+        channel = connect(REAL_URL).channel()
+        for q in (src, dst):
+            channel.queue_delete(q)
 
 
 @pytest.mark.parametrize(

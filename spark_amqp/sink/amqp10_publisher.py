@@ -1,0 +1,191 @@
+"""Publishing one partition over AMQP 1.0 (``protocol=amqp1.0``): one sender link without a target of its own,
+each message carrying its address in ``to``, every message unsettled until the broker's outcome.
+
+The window of unsettled messages is ``maxInFlight``, as over AMQP 0-9-1, and a message also waits for the
+link's credit. The broker's outcome settles each: ``accepted`` (RabbitMQ: every target queue has it), ``rejected``
+(its error names the queue and the reason), ``released`` (RabbitMQ: no queue was bound, so unroutable),
+``modified``. The task fails on anything but ``accepted`` for every message (a released message only with
+``mandatory``, the default: without it an unroutable message is dropped, as over AMQP 0-9-1), on a link or
+connection that ends, or when nothing is settled for ``confirmTimeout``. As over AMQP 0-9-1, a transient failure
+before the first message is waited out up to ``brokerOutageTimeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from ..amqp10.performatives import Performative
+from ..amqp10_client import Amqp10Client, Sender
+from ..errors import AmqpProtocolError, AmqpPublishError, ConnectionLost, explain
+from .amqp10_messages import Amqp10Message, Amqp10MessageBuilder
+from .options import SinkOptions
+from .publisher import YIELD_EVERY, ConfirmWindow, PublishResult, patiently, retry_hint
+
+log = logging.getLogger("spark_amqp.sink")
+
+
+class Amqp10PartitionPublisher:
+    def __init__(self, options: SinkOptions, builder: Amqp10MessageBuilder) -> None:
+        self.options = options
+        self.builder = builder
+        self._addresses: dict[int, str] = {}  # unsettled delivery id -> its address (for the error)
+        self._rejections: list[str] = []
+        self._released: list[str] = []
+        self._dropped = 0
+
+    async def publish(self, batches: Iterable[Any], description: str) -> PublishResult:
+        """Publish the messages of every Arrow batch in ``batches``."""
+        opts = self.options
+        client, anonymous = await patiently(opts, lambda: self._ready(description))
+        window = ConfirmWindow(opts.max_in_flight)
+        anonymous.on_outcome = lambda first, last, code, values: self._outcome(window, first, code, values)
+        failed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+        _watch(client.closed, failed)
+        _watch(anonymous.closed, failed)
+        senders: dict[str, Sender] = {}
+        last: Amqp10Message | None = None
+        try:
+            for batch in batches:
+                for message in self.builder.amqp10_messages(batch):
+                    sender = anonymous if client.rabbitmq else senders.get(message.address)
+                    if sender is None:
+                        sender = senders[message.address] = await self._sender(client, window, message, failed)
+                    room = await window.wait_for_room(opts.confirm_timeout, failed)
+                    if not room or not await _credit(sender, opts.confirm_timeout, failed):
+                        raise self._timeout(window, message)
+                    self._raise_if_failed(failed, window, message)
+                    delivery_id = sender.send(message.record)
+                    self._addresses[delivery_id] = message.address
+                    window.sent()
+                    last = message
+                    if window.published % YIELD_EVERY == 0:
+                        await asyncio.sleep(0)
+                    self._raise_if_broken(window, message)
+            if window.outstanding and not await window.wait_until_all_answered(opts.confirm_timeout, failed):
+                raise self._timeout(window, last)
+            self._raise_if_failed(failed, window, last)
+            if last is not None:
+                self._raise_if_broken(window, last)
+            if self._dropped:
+                log.warning("AMQP sink: %d unroutable messages dropped (mandatory=false)", self._dropped)
+            return PublishResult(window.published, window.acked)
+        finally:
+            failed.cancel()
+            await client.close()
+
+    async def _sender(
+        self, client: Amqp10Client, window: ConfirmWindow, message: Amqp10Message, failed: asyncio.Future[BaseException]
+    ) -> Sender:
+        """A link to ``message``'s address, where the broker needs one per address to know what it is (Artemis: a
+        queue, or a topic; an address it makes on an anonymous link's first message would be a topic, which drops
+        what no subscription holds)."""
+        capability = "queue" if message.to_queue else "topic"
+        try:
+            sender = await client.sender(
+                message.address, lambda first, last, code, values: self._outcome(window, first, code, values), capability
+            )
+        except AmqpProtocolError as err:
+            c = self.options.connection
+            raise AmqpPublishError(
+                f"{explain(err, c.display_uri, c.username, c.vhost, f'address {message.address!r}')}; {window.published} messages "
+                f"published before; {retry_hint(err)}"
+            ) from err
+        _watch(sender.closed, failed)
+        return sender
+
+    async def _ready(self, description: str) -> tuple[Amqp10Client, Sender]:
+        c = self.options.connection
+        client = None
+        try:
+            client = await Amqp10Client.connect(c, f"spark-amqp sink {description}")
+            self.builder.met_amqp10_broker(client.server_version, client.rabbitmq, client.max_frame)
+            return client, await client.sender(None, lambda *args: None)
+        except AmqpProtocolError as err:
+            if client is not None:
+                await client.close()
+            raise AmqpPublishError(f"{explain(err, c.display_uri, c.username, c.vhost)}; {retry_hint(err)}") from err
+
+    def _outcome(self, window: ConfirmWindow, delivery_id: int, code: int, values: list[Any]) -> None:
+        address = self._addresses.pop(delivery_id, "?")
+        seq = window.answered + 1  # outcomes may come out of order: the window only counts them
+        if code == Performative.ACCEPTED:
+            window.on_confirm(seq, False, True)
+        elif code == Performative.RELEASED:
+            if self.options.mandatory:
+                self._released.append(address)
+                window.on_return(312, "NO_ROUTE", address, "")
+            else:
+                self._dropped += 1
+            window.on_confirm(seq, False, True)
+        else:
+            self._rejections.append(f"{address}: {_reason(code, values)}")
+            window.on_confirm(seq, False, False)
+
+    def _raise_if_broken(self, window: ConfirmWindow, message: Amqp10Message) -> None:
+        if window.nacked or window.returned:
+            parts = []
+            if window.nacked:
+                parts.append(f"{window.nacked} refused by the broker (first: {self._rejections[0]})")
+            if window.returned:
+                parts.append(
+                    f"{len(window.returned)} released as unroutable (no queue is bound for them; first: '{self._released[0]}'; "
+                    "mandatory=true)"
+                )
+            raise AmqpPublishError(
+                f"{' and '.join(parts)} of {window.published} messages published over AMQP 1.0 ({window.acked} accepted so far); "
+                "the task fails so that Spark retries it"
+            )
+
+    def _raise_if_failed(self, failed: asyncio.Future[BaseException], window: ConfirmWindow, message: Amqp10Message | None) -> None:
+        if failed.done() and not failed.cancelled():
+            reason = failed.result()
+            to = f"'{message.address}'" if message is not None else "the broker"
+            raise AmqpPublishError(
+                f"{window.published - window.acked} of {window.published} messages published to {to} over AMQP 1.0 are not "
+                f"accepted: the broker ended the link or the connection ({reason}); {retry_hint(reason)}"
+            ) from reason
+
+    def _timeout(self, window: ConfirmWindow, message: Amqp10Message | None) -> AmqpPublishError:
+        to = f"'{message.address}'" if message is not None else "the broker"
+        return AmqpPublishError(
+            f"{window.outstanding} of {window.published} messages published to {to} over AMQP 1.0 got no outcome (or no "
+            f"credit to send more) within confirmTimeout={self.options.confirm_timeout:g}s; the task fails so that Spark retries it"
+        )
+
+
+async def _credit(sender: Sender, timeout: float, failed: asyncio.Future[BaseException]) -> bool:
+    """True once the link has credit (or ``failed`` fired: the caller sees why); False after ``timeout``."""
+    while sender.credit <= 0 and not failed.done():
+        sender.credit_changed.clear()
+        waiter: asyncio.Future[Any] = asyncio.ensure_future(sender.credit_changed.wait())
+        done, _ = await asyncio.wait([waiter, failed], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        if not done:
+            return False
+    return True
+
+
+def _watch(ended: asyncio.Future[Any], failed: asyncio.Future[BaseException]) -> None:
+    """``failed`` gets why ``ended`` (a link's or the connection's end) happened, if it happens first."""
+
+    def done(future: asyncio.Future[Any]) -> None:
+        if not failed.done() and not future.cancelled():
+            failed.set_result(future.result() or ConnectionLost("the broker ended the link"))
+
+    ended.add_done_callback(done)
+
+
+def _reason(code: int, values: list[Any]) -> str:
+    """An outcome other than accepted, in words: a rejection's error condition and description."""
+    if code == Performative.REJECTED:
+        error = values[0] if values else None
+        fields = getattr(error, "value", None) or []
+        condition = fields[0] if fields else "rejected"
+        description = fields[1] if len(fields) > 1 and fields[1] else ""
+        return f"rejected ({condition}{': ' + str(description) if description else ''})"
+    if code == Performative.MODIFIED:
+        return "modified (the broker could not take it now)"
+    return f"an outcome with descriptor {code:#x}"

@@ -1,0 +1,193 @@
+"""The sink over AMQP 1.0 (``protocol=amqp1.0``) without Spark, on every RabbitMQ 4.x in the run: the messages an
+AMQP 0-9-1 consumer gets are the ones the AMQP 0-9-1 sink publishes; every outcome but ``accepted`` fails the task,
+saying why."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pika
+import pyarrow as pa
+import pytest
+
+from spark_amqp.errors import AmqpOptionError, AmqpPublishError
+from spark_amqp.sink.amqp10_messages import Amqp10MessageBuilder, address_of
+from spark_amqp.sink.amqp10_publisher import Amqp10PartitionPublisher
+from spark_amqp.sink.options import parse_sink_options
+
+from ..broker.helpers import consume_n, wait_for
+from ..brokers import REAL, drop_source_connections
+from .helpers import publish_table
+
+AMQP10 = [b for b in REAL if b.version >= (4, 0)]
+
+
+@pytest.fixture(params=[b.name for b in AMQP10] or ["none"])
+def url(request: pytest.FixtureRequest) -> str:
+    if not AMQP10:
+        pytest.skip("no RabbitMQ 4.x in AMQP_TEST_BROKERS: AMQP 1.0 is a core protocol from 4.0")
+    return next(b.url for b in AMQP10 if b.name == request.param)
+
+
+@pytest.fixture
+def queues(url: str) -> Iterator[Any]:
+    made: list[str] = []
+
+    def make(**arguments: Any) -> str:
+        name = f"a10sink-{uuid.uuid4().hex[:10]}"
+        conn = pika.BlockingConnection(pika.URLParameters(url))
+        conn.channel().queue_declare(name, durable=True, arguments=arguments or None)
+        conn.close()
+        made.append(name)
+        return name
+
+    yield make
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    for name in made:
+        conn.channel().queue_delete(name)
+    conn.close()
+
+
+def publish10(url: str, table: dict[str, Any], **options: str) -> Any:
+    opts = parse_sink_options({"uri": url, "protocol": "amqp1.0", **options})
+    batch = pa.RecordBatch.from_pydict(table)
+    return asyncio.run(Amqp10PartitionPublisher(opts, Amqp10MessageBuilder(opts)).publish([batch], "test"))
+
+
+def _consume(url: str, queue: str, n: int) -> list[tuple[Any, Any, bytes]]:
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    ch = conn.channel()
+    got = consume_n(conn, ch, queue, n, auto_ack=True)
+    conn.close()
+    return got
+
+
+WHEN = datetime.datetime(2024, 1, 2, 3, 4, 5, tzinfo=datetime.UTC)
+TABLE: dict[str, Any] = {
+    "body": [b"plain", b"x" * 300, b""],
+    "message_id": ["m-1", None, "m-3"],
+    "correlation_id": ["c-1", None, None],
+    "content_type": ["application/json", None, None],
+    "content_encoding": ["gzip", None, None],
+    "type": ["order", None, None],
+    "app_id": ["shop", None, None],
+    "user_id": ["guest", None, None],
+    "reply_to": ["replies", None, None],
+    "expiration": ["60000", None, None],
+    "priority": [3, None, 0],
+    "delivery_mode": [2, None, 1],
+    "timestamp": [WHEN, None, None],
+    "headers": pa.array([[("s", "text"), ("n", "7")], None, []], pa.map_(pa.string(), pa.string())),
+}
+
+
+def test_a_consumer_gets_what_the_amqp_0_9_1_sink_publishes(url: str, queues: Any) -> None:
+    over_091, over_10 = queues(), queues()
+    publish_table(url, TABLE, routingKey=over_091)
+    result = publish10(url, TABLE, routingKey=over_10)
+    assert (result.published, result.confirmed) == (3, 3)
+    expected, got = _consume(url, over_091, 3), _consume(url, over_10, 3)
+    assert [b for _, _, b in got] == [b for _, _, b in expected]
+    fields = ("message_id", "correlation_id", "content_type", "content_encoding", "type", "app_id", "user_id", "reply_to")
+    fields += ("expiration", "priority", "delivery_mode", "timestamp", "headers")
+    for (_, p10, _), (_, p091, _) in zip(got, expected, strict=True):
+        differ = {f: (getattr(p10, f), getattr(p091, f)) for f in fields if getattr(p10, f) != getattr(p091, f)}
+        # What RabbitMQ's conversion from AMQP 1.0 cannot carry: an empty header map is no application-properties
+        # section (the consumer sees none); delivery mode 1 is the header's durable=false, which it reads as none.
+        assert differ in ({}, {"headers": (None, {}), "delivery_mode": (None, 1)}), differ
+
+
+def test_through_an_exchange_with_each_rows_routing_key(url: str, queues: Any) -> None:
+    orders, refunds = queues(), queues()
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    ch = conn.channel()
+    exchange = f"a10x-{uuid.uuid4().hex[:8]}"
+    ch.exchange_declare(exchange, "direct", auto_delete=True)
+    ch.queue_bind(orders, exchange, "order/new")  # a '/' in the key: the address percent-encodes it
+    ch.queue_bind(refunds, exchange, "refund")
+    try:
+        publish10(url, {"body": [b"a", b"b", b"c"], "routing_key": ["order/new", "refund", "order/new"]}, exchange=exchange)
+        assert sorted(b for _, _, b in _consume(url, orders, 2)) == [b"a", b"c"]
+        got = _consume(url, refunds, 1)
+        assert [(m.exchange, m.routing_key, b) for m, _, b in got] == [(exchange, "refund", b"b")]
+    finally:
+        ch.exchange_delete(exchange)
+        conn.close()
+
+
+def test_an_unroutable_message_fails_the_task_unless_mandatory_is_off(url: str, queues: Any) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    exchange = f"a10x-{uuid.uuid4().hex[:8]}"
+    conn.channel().exchange_declare(exchange, "direct", auto_delete=False)
+    try:
+        with pytest.raises(AmqpPublishError, match=r"2 released as unroutable .*first: '/exchanges/a10x-\w+/nobody'.* of 2 messages"):
+            publish10(url, {"body": [b"a", b"b"]}, exchange=exchange, routingKey="nobody")
+        result = publish10(url, {"body": [b"a", b"b"]}, exchange=exchange, routingKey="nobody", mandatory="false")
+        assert (result.published, result.confirmed) == (2, 2)
+    finally:
+        conn.channel().exchange_delete(exchange)
+        conn.close()
+
+
+def test_a_missing_exchange_fails_the_task_naming_it(url: str) -> None:
+    with pytest.raises(AmqpPublishError, match=r"(not.found|not_found).*no-such-exchange|no-such-exchange.*(not.found|not_found)"):
+        publish10(url, {"body": [b"a"]}, exchange="no-such-exchange", routingKey="k")
+
+
+def test_a_rejected_message_names_the_queue_and_the_reason(url: str, queues: Any) -> None:
+    full = queues(**{"x-max-length": 1, "x-overflow": "reject-publish"})
+    with pytest.raises(AmqpPublishError, match=rf"1 refused by the broker \(first: /queues/{full}: rejected \(.*\)\) of 2 messages"):
+        publish10(url, {"body": [b"a", b"b"]}, routingKey=full, maxInFlight="1")
+
+
+def test_a_message_larger_than_a_frame_goes_in_several_transfers(url: str, queues: Any) -> None:
+    q = queues()
+    big = bytes(range(256)) * 12_000  # 3 MB: several of RabbitMQ's frames
+    publish10(url, {"body": [big, b"small"]}, routingKey=q)
+    assert [b for _, _, b in _consume(url, q, 2)] == [big, b"small"]
+
+
+def test_a_window_of_one_publishes_every_message_in_order(url: str, queues: Any) -> None:
+    q = queues()
+    result = publish10(url, {"body": [b"%d" % i for i in range(200)]}, routingKey=q, maxInFlight="1")
+    assert result.confirmed == 200
+    assert [b for _, _, b in _consume(url, q, 200)] == [b"%d" % i for i in range(200)]
+
+
+def test_a_connection_lost_mid_partition_fails_the_task(url: str, queues: Any) -> None:
+    q = queues()
+    failure: list[BaseException] = []
+    many = {"body": [b"x" * 100] * 300_000}
+
+    def run() -> None:
+        try:
+            publish10(url, many, routingKey=q)
+        except BaseException as err:
+            failure.append(err)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    wait_for(lambda: drop_source_connections(url, None, "spark-amqp sink") >= 1 or not thread.is_alive(), timeout=30)
+    thread.join(60)
+    assert failure and isinstance(failure[0], AmqpPublishError), failure
+    assert "ended the link or the connection" in str(failure[0]) and "retries it" in str(failure[0])
+
+
+def test_options_over_amqp_1_0() -> None:
+    base = {"uri": "amqp://guest@localhost/", "protocol": "amqp1.0"}
+    for key, value in (("declareQueue", "q"), ("declareExchange", "true"), ("superStream", "s")):
+        with pytest.raises(AmqpOptionError, match=f"option '{key}' is for AMQP 0-9-1"):
+            parse_sink_options({**base, key: value, "exchange": "x"})
+    assert parse_sink_options({**base, "exchange": "x"}).connection.amqp10
+
+
+def test_addresses() -> None:
+    assert address_of("", "q/1", rabbitmq=True) == "/queues/q%2F1"
+    assert address_of("ex", "a b", rabbitmq=True) == "/exchanges/ex/a%20b"
+    assert address_of("ex", "", rabbitmq=True) == "/exchanges/ex"
+    assert address_of("", "orders", rabbitmq=False) == "orders" and address_of("prices", "k", rabbitmq=False) == "prices"
