@@ -22,7 +22,8 @@ LOWEST_LINE := 4.0
 PY313_VENV := .venv-python3.13
 # Every variable that points the tests at a real broker: unset, the embedded broker serves them all.
 AMQP_TEST_VARS := AMQP_TEST_BROKERS AMQP_TEST_URL AMQP_TEST_DENYING_URL AMQP_TEST_STREAM_BROKERS AMQP_TEST_CLUSTER_URL \
-	AMQP_TEST_CLUSTER_STREAM_URL AMQP_TEST_TLS_URL AMQP_TEST_TLS_STREAM_URL AMQP_TEST_TLS_DIR AMQP_TEST_OAUTH_URL AMQP_TEST_OAUTH_STREAM_URL
+	AMQP_TEST_CLUSTER_STREAM_URL AMQP_TEST_TLS_URL AMQP_TEST_TLS_STREAM_URL AMQP_TEST_TLS_DIR AMQP_TEST_OAUTH_URL AMQP_TEST_OAUTH_STREAM_URL \
+	AMQP_TEST_ARTEMIS_URL
 EMBEDDED_ONLY := env $(AMQP_TEST_VARS:%=-u %)
 # The newest PySpark line Delta Lake is built for (conf/delta/pom.xml): the tests marked `delta`,
 # the demo and the Delta benchmarks run in its venv, where the wheel is installed as a user would.

@@ -75,18 +75,21 @@ class Receiver(Link):
         self.client.flow(self, credit, drain, echo)
 
     async def echo(self, credit: int | None = None) -> int | None:
-        """Asks for the broker's flow (with ``credit``, else the link's own) and waits for it: every frame sent
-        before is then processed (a broker handles a session's frames in order). Returns ``available``.
+        """Sets the link's credit (to ``credit``, else its own) and waits for the broker's answer: every frame sent
+        before is then processed (a broker handles a session's frames in order), and every transfer it sent before
+        has arrived. Returns the ``available`` its flow reports (None where it reports none).
 
-        RabbitMQ answers a flow's ``echo``. ActiveMQ Artemis ignores it but must answer a ``drain``, which takes what
-        credit allows first: there the link asks for a drain of at least one message, and has no credit after it."""
+        RabbitMQ answers a flow's ``echo``. ActiveMQ Artemis ignores it, and answers a ``drain`` only when credit is
+        left over: there the answer is to attaching (and detaching) a link to the same address, without credit."""
+        credit = self.credit if credit is None else credit
+        if not self.client.rabbitmq:
+            self.grant(credit)
+            probe = await self.client.receiver(self.address, lambda delivery_id, message: None)
+            await probe.detach()
+            return None
         waiter: asyncio.Future[int | None] = self.client.loop.create_future()
         self._echoes.append(waiter)
-        credit = self.credit if credit is None else credit
-        if self.client.rabbitmq:
-            self.grant(credit, echo=True)
-        else:
-            self.grant(max(credit, 1), drain=True)
+        self.grant(credit, echo=True)
         done, _ = await asyncio.wait(
             (waiter, self.closed), timeout=self.client.options.connection_timeout, return_when=asyncio.FIRST_COMPLETED
         )

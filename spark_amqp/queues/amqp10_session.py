@@ -209,7 +209,6 @@ class Amqp10Session(IoSession):
         except AmqpProtocolError:
             return  # the link is gone: its deliveries come back, and the ledger knows the settlement is unproven
         self.inbox.append(AckConfirmed(link.session, ack_round))
-        self._top_up(link, receiver)  # a drain (Artemis's answer) leaves no credit
 
     def _attached(self) -> list[tuple[_Link, Receiver]]:
         client = self._client

@@ -1,0 +1,183 @@
+"""The queue source and the sink over AMQP 1.0 on ActiveMQ Artemis (``AMQP_TEST_ARTEMIS_URL``, ``tools/artemis``), driven
+without Spark: every message once and settled, a dropped connection, a crash with the journal, a broker restart, and
+the sink's way to a queue and its failure on a lost connection. Artemis marks no redelivery (no delivery-count), so
+these are also the tests of the source recognising copies it cannot tell from new messages."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from spark_amqp.errors import AmqpPublishError, AmqpSourceError, ConnectionLost
+from spark_amqp.sink.amqp10_messages import Amqp10MessageBuilder
+from spark_amqp.sink.amqp10_publisher import Amqp10PartitionPublisher
+from spark_amqp.sink.options import parse_sink_options
+
+from ..broker.helpers import wait_for
+from ..queues.driver import MicroBatchDriver
+
+URL = os.environ.get("AMQP_TEST_ARTEMIS_URL")
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "artemis"
+pytestmark = pytest.mark.skipif(not URL, reason="AMQP_TEST_ARTEMIS_URL not set (tools/artemis start; tools/artemis url)")
+
+
+@pytest.fixture
+def queue() -> str:
+    return f"art-{uuid.uuid4().hex[:10]}"
+
+
+def publish(queue: str, first: int, count: int, **options: str) -> Any:
+    """Messages id-<first>… through the sink over AMQP 1.0 (their queue made as Artemis makes one for a sender to a queue)."""
+    assert URL is not None
+    opts = parse_sink_options({"uri": URL, "protocol": "amqp1.0", "routingKey": queue, **options})
+    ids = range(first, first + count)
+    batch = pa.RecordBatch.from_pydict({"body": [b"m%d" % i for i in ids], "message_id": [f"id-{i}" for i in ids]})
+    return asyncio.run(Amqp10PartitionPublisher(opts, Amqp10MessageBuilder(opts)).publish([batch], "test"))
+
+
+def _driver(queue: str, **options: object) -> MicroBatchDriver:
+    assert URL is not None
+    return MicroBatchDriver(URL, queue, protocol="amqp1.0", **options)
+
+
+def _ids(rows: list[dict[str, Any]]) -> list[str]:
+    return [r["message_id"] for r in rows]
+
+
+def _left(queue: str) -> list[str]:
+    """What the queue still holds: read by a fresh source, left unsettled (it goes back when the source closes)."""
+    d = _driver(queue)
+    try:
+        return _ids(d.drain(1_000_000, timeout=3))
+    finally:
+        d.close()
+
+
+def _settle_all(d: MicroBatchDriver) -> None:
+    """Idle as Spark does after the last batch: it is committed, and its settlement proven."""
+    d.idle_until(
+        lambda: d.runtime.committed_seq == d.batches and all(le.settled(d.batches) for le in d.runtime.ledgers.values()), timeout=30
+    )
+
+
+def test_every_message_once_then_settled(queue: str) -> None:
+    publish(queue, 0, 500)
+    d = _driver(queue, maxMessagesPerTrigger=70, prefetch=200)
+    try:
+        rows = d.drain(500, timeout=60)
+        assert sorted(_ids(rows)) == sorted(f"id-{i}" for i in range(500))
+        assert rows[0]["body"] == b"m0" and rows[0]["routing_key"] == queue and rows[0]["delivery_mode"] == 2
+        _settle_all(d)
+    finally:
+        d.close()
+    assert _left(queue) == []
+
+
+def test_a_dropped_connection_loses_and_duplicates_nothing(queue: str) -> None:
+    publish(queue, 0, 60)
+    d = _driver(queue, maxMessagesPerTrigger=10, prefetch=30)
+    try:
+        d.run_batch(*d.plan())  # planned, not committed: its messages come back unmarked after the drop
+        session = d.runtime.session
+        assert session is not None and session._client is not None and session._loop is not None
+        session._loop.call_soon_threadsafe(session._client.abort, ConnectionLost("test: connection dropped"))
+        rows = d.drain(60, timeout=60)
+        assert sorted(_ids(rows)) == sorted(f"id-{i}" for i in range(60)), "lost or duplicated"
+        assert d.runtime.intake.sessions_lost >= 1 and d.runtime.intake.copies_dropped >= 10
+    finally:
+        d.close()
+
+
+def test_a_journal_gives_exactly_once_through_a_crash(queue: str, tmp_path: Path) -> None:
+    publish(queue, 0, 30)
+    journal = str(tmp_path / "journal")
+    first = _driver(queue, journalLocation=journal, maxMessagesPerTrigger=10, prefetch=30)
+    first.runtime.ensure_started()
+    first.runtime.session.ack = lambda *args: None  # type: ignore[method-assign, union-attr]  # dies before it settles
+    planned = first.plan()
+    assert planned is not None
+    start, end = planned
+    batch = first.run_batch(start, end)
+    first.close()
+
+    second = _driver(queue, journalLocation=journal, maxMessagesPerTrigger=10, prefetch=30)
+    try:
+        second.start = start
+        assert second.run_batch(start, end, commit_previous=False) == batch
+        rest = second.drain(30, timeout=60)[10:]
+        assert sorted(_ids(batch + rest)) == sorted(f"id-{i}" for i in range(30))
+        assert second.runtime.intake.copies_dropped == 10  # the journalled batch's messages, recognised unmarked
+    finally:
+        second.close()
+
+
+def test_a_broker_restart_mid_read_loses_nothing(queue: str) -> None:
+    publish(queue, 0, 300)
+    d = _driver(queue, maxMessagesPerTrigger=50, prefetch=100)
+    try:
+        first = d.drain(100, timeout=30)
+        subprocess.run([str(TOOL), "stop"], check=True, capture_output=True, timeout=120)
+        subprocess.run([str(TOOL), "start"], check=True, capture_output=True, timeout=180)
+        rows = d.drain(300, timeout=120)
+        assert set(_ids(rows)) == {f"id-{i}" for i in range(300)} and len(first) >= 100
+        _settle_all(d)
+    finally:
+        d.close()
+    assert _left(queue) == []
+
+
+def test_available_now_is_a_clear_error(queue: str) -> None:
+    publish(queue, 0, 1)
+    d = _driver(queue)
+    try:
+        with pytest.raises(AmqpSourceError, match="did not say how many messages queue"):
+            d.runtime.prepare_available_now()
+    finally:
+        d.close()
+
+
+def test_a_broker_restart_mid_partition_fails_the_task(queue: str) -> None:
+    failure: list[BaseException] = []
+    result: list[Any] = []
+
+    def run() -> None:
+        try:
+            result.append(publish(queue, 0, 1_000_000))
+        except BaseException as err:
+            failure.append(err)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        wait_for(lambda: _added(queue) > 0 or not thread.is_alive(), timeout=60)
+    finally:
+        subprocess.run([str(TOOL), "stop"], check=True, capture_output=True, timeout=120)
+        subprocess.run([str(TOOL), "start"], check=True, capture_output=True, timeout=180)
+    thread.join(120)
+    assert not result and failure and isinstance(failure[0], AmqpPublishError), (result, failure)
+    assert "over AMQP 1.0" in str(failure[0]) and "retries it" in str(failure[0])
+
+
+def _added(queue: str) -> int:
+    """Messages added to ``queue`` so far, by the CLI's queue statistics (0 while it does not exist)."""
+    out = subprocess.run(
+        [str(TOOL), "cli", "queue", "stat", "--queueName", queue, *_cli_login()], capture_output=True, text=True, timeout=60
+    )
+    for line in out.stdout.splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if len(cells) > 5 and cells[1] == queue and cells[5].isdigit():
+            return int(cells[5])
+    return 0
+
+
+def _cli_login() -> list[str]:
+    core = subprocess.run([str(TOOL), "core-url"], capture_output=True, text=True, check=True).stdout.strip()
+    return ["--user", "guest", "--password", "guest", "--url", core]
