@@ -11,6 +11,7 @@ from .message import (
     PROPERTY_NAMES,
     Sections,
     encode,
+    encode_value_message,
     is_amqp10,
     sections,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "PROPERTY_NAMES",
     "Sections",
     "encode",
+    "encode_value_message",
     "is_amqp10",
     "sections",
 ]

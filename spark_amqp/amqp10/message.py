@@ -25,6 +25,7 @@ __all__ = [
     "PROPERTY_NAMES",
     "Sections",
     "encode",
+    "encode_value_message",
     "is_amqp10",
     "sections",
 ]
@@ -159,6 +160,12 @@ def encode(
         parts.append(b"\x00\x53\x74" + encode_value(application_properties))
     parts.append(b"\x00\x53\x75" + encode_value(body))
     return b"".join(parts)
+
+
+def encode_value_message(value: Any, properties: list[Any]) -> bytes:
+    """A message of ``properties`` and an amqp-value body (a request to RabbitMQ's management node)."""
+    head = b"\x00\x53\x73" + encode_value(_trimmed(properties)) if any(p is not None for p in properties) else b""
+    return head + b"\x00\x53\x77" + encode_value(value)
 
 
 def _trimmed(values: list[Any]) -> list[Any]:

@@ -21,11 +21,14 @@ from ..amqp10 import performatives as p
 from ..amqp10.conditions import error_for
 from ..amqp10.performatives import Performative as P
 from ..amqp10.types import Symbol
-from ..errors import AccessRefused, AmqpProtocolError, ConnectionLost, DecodeError, HandshakeFailed
+from ..errors import AccessRefused, AmqpProtocolError, ConnectionForced, ConnectionLost, DecodeError, HandshakeFailed, TokenError
+from ..explain import CREDENTIAL_EXPIRED
 from ..transport.connection import CLOSE_TIMEOUT, Connection, parse_version
 from ..transport.login import Login
 from ..transport.options import ConnectionOptions
+from ..transport.tokens import Token
 from .links import DeliveryHandler, Link, OutcomeHandler, Receiver, Sender
+from .management import Management
 
 __all__ = ["Amqp10Client"]
 
@@ -53,6 +56,7 @@ class Amqp10Client(Connection):
         self.next_incoming_id = 0
         self._incoming_left = INCOMING_WINDOW
         self._closing = False
+        self._management: Management | None = None
 
     # -- the handshake ---------------------------------------------------------------------------
 
@@ -102,7 +106,8 @@ class Amqp10Client(Connection):
         if header == _AMQP091_HEADER:
             raise HandshakeFailed(
                 "the broker answered the AMQP 1.0 protocol header with AMQP 0-9-1's: it does not speak AMQP 1.0 (RabbitMQ "
-                "3.x needs its rabbitmq_amqp1_0 plugin; 4.x speaks it on the same port). Use an amqp:// uri without AMQP 1.0"
+                "3.x needs its rabbitmq_amqp1_0 plugin; 4.x speaks it on the same port): speak AMQP 0-9-1 to it (leave option "
+                "'protocol' out)"
             )
         raise HandshakeFailed(f"the broker answered the AMQP 1.0 protocol header with {header!r}: it does not speak AMQP 1.0 here")
 
@@ -159,7 +164,16 @@ class Amqp10Client(Connection):
             error = p.error_of(frame.fields, 0)
             if code == P.CLOSE and not self._closing:
                 self.write(p.close())
-            reason = error_for(*error, on_connection=True) if error else ConnectionLost("the broker closed the connection")
+            reason: AmqpProtocolError = (
+                error_for(*error, on_connection=True) if error else ConnectionLost("the broker closed the connection")
+            )
+            if isinstance(reason, AccessRefused) and CREDENTIAL_EXPIRED in reason.text:
+                # A login that expired on an open connection is no refusal: a new connection logs in again (as the
+                # 320 RabbitMQ closes an AMQP 0-9-1 connection with, for the same reason).
+                reason = ConnectionForced(reason.text, on_connection=True)
+            elif isinstance(reason, AccessRefused) and "credential update failed" in reason.text and self.options.oauth2 is not None:
+                # RabbitMQ answers a refused PUT /auth/tokens by closing the connection.
+                reason = TokenError(f"the broker refused the renewed OAuth 2 token from {self.options.oauth2.source} ({reason})")
             self._lost(reason)
 
     def _on_open(self, fields: list[Any]) -> None:
@@ -177,7 +191,9 @@ class Amqp10Client(Connection):
         self._renew_token(self._renew)
 
     def _on_attach(self, fields: list[Any]) -> None:
-        link = next((lk for lk in self._links.values() if lk.name == fields[0]), None)
+        # By name and role: a link pair (RabbitMQ's management node) shares one name; the broker's role is the other end's.
+        ours_receives = not fields[2]
+        link = next((lk for lk in self._links.values() if lk.name == fields[0] and isinstance(lk, Receiver) == ours_receives), None)
         if link is None:
             return
         self._remote[fields[1]] = link
@@ -241,24 +257,45 @@ class Amqp10Client(Connection):
         """Where ``queue`` is: RabbitMQ's address v2 (``/queues/<percent-encoded name>``), else the name itself."""
         return f"/queues/{urllib.parse.quote(queue, safe='')}" if self.rabbitmq else queue
 
-    async def receiver(self, address: str, on_delivery: DeliveryHandler, filters: dict[Any, Any] | None = None) -> Receiver:
-        """A link reading ``address`` (``/queues/q`` on RabbitMQ), attached; no credit yet (``grant``)."""
+    async def receiver(
+        self,
+        address: str,
+        on_delivery: DeliveryHandler,
+        filters: dict[Any, Any] | None = None,
+        name: str | None = None,
+        settled: bool = False,
+        properties: dict[Any, Any] | None = None,
+    ) -> Receiver:
+        """A link reading ``address`` (``/queues/q`` on RabbitMQ), attached; no credit yet (``grant``). ``settled``: the
+        broker settles what it sends (nothing to settle here); ``name`` and ``properties``: the link's own."""
         handle = next(self._handles)
-        link = Receiver(self, handle, f"spark-amqp-receiver-{handle}", address, on_delivery)
+        link = Receiver(self, handle, name or f"spark-amqp-receiver-{handle}", address, on_delivery)
         # A queue elsewhere than RabbitMQ (Artemis: an anycast address) is asked for by its capability.
         capabilities = None if self.rabbitmq else Symbol("queue")
         source = [address, None, None, None, None, None, None, filters or None, None, None, capabilities]
-        await self._attach(link, p.attach(link.name, handle, True, source, []))
+        target = [address] if name is not None else []
+        await self._attach(link, p.attach(link.name, handle, True, source, target, settled, properties=properties))
         return link
 
-    async def sender(self, address: str | None, on_outcome: OutcomeHandler, capability: str | None = None) -> Sender:
+    async def sender(
+        self,
+        address: str | None,
+        on_outcome: OutcomeHandler,
+        capability: str | None = None,
+        name: str | None = None,
+        settled: bool = False,
+        properties: dict[Any, Any] | None = None,
+    ) -> Sender:
         """A link writing to ``address`` (``/queues/q``, ``/exchanges/e/key``; None: each message's ``to``), attached.
         ``capability``: what the address must be, where the broker makes it on first use (Artemis: ``queue``, an
-        anycast queue of that name; ``topic``, a multicast address)."""
+        anycast queue of that name; ``topic``, a multicast address). ``settled``: messages go settled, without
+        outcomes; ``name`` and ``properties``: the link's own."""
         handle = next(self._handles)
-        link = Sender(self, handle, f"spark-amqp-sender-{handle}", address or "", on_outcome)
+        link = Sender(self, handle, name or f"spark-amqp-sender-{handle}", address or "", on_outcome, settled)
         target = [address, None, None, None, None, None, Symbol(capability)] if capability else [address]
-        await self._attach(link, p.attach(link.name, handle, False, [], target, initial_delivery_count=0))
+        source = [address] if name is not None else []
+        frame = p.attach(link.name, handle, False, source, target, settled, initial_delivery_count=0, properties=properties)
+        await self._attach(link, frame)
         return link
 
     async def _attach(self, link: Link, frame: bytes) -> None:
@@ -299,8 +336,22 @@ class Amqp10Client(Connection):
     def track(self, delivery_id: int, sender: Sender) -> None:
         self._outgoing[delivery_id] = sender
 
-    async def _renew(self, token: Any) -> None:
-        raise NotImplementedError("token renewal over AMQP 1.0 (PUT /auth/tokens on the management link) comes later")
+    async def management_request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        """(status code, body) of RabbitMQ's management node's answer (``management.Management``)."""
+        if self._management is None:
+            self._management = Management(self)
+        return await self._management.request(method, path, body)
+
+    async def _renew(self, token: Token) -> None:
+        """A renewed OAuth 2 token for RabbitMQ (``Renewal``): ``PUT /auth/tokens`` on its management node."""
+        try:
+            status, answer = await self.management_request("PUT", "/auth/tokens", token.value.encode("utf-8"))
+        except ConnectionLost as err:
+            self.abort(err)  # a broker that does not answer will not keep the connection past the token's expiry either
+            raise
+        if status not in (200, 204):
+            assert self.options.oauth2 is not None
+            raise TokenError(f"the broker refused the renewed OAuth 2 token from {self.options.oauth2.source} ({status}: {answer})")
 
     async def close(self) -> None:
         if self.closed.done():

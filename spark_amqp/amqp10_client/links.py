@@ -135,23 +135,27 @@ class Receiver(Link):
 class Sender(Link):
     """Messages go out while the broker gives credit; ``on_outcome`` hears each disposition."""
 
-    def __init__(self, client: Amqp10Client, handle: int, name: str, address: str, on_outcome: OutcomeHandler) -> None:
+    def __init__(
+        self, client: Amqp10Client, handle: int, name: str, address: str, on_outcome: OutcomeHandler, settled: bool = False
+    ) -> None:
         super().__init__(client, handle, name, address)
         self.on_outcome = on_outcome
+        self.settled = settled  # messages go settled: no outcome comes
         self.credit_changed = asyncio.Event()
 
     def send(self, payload: bytes) -> int:
         """Transfers one message (its encoded sections); its delivery id. The caller waits for credit first."""
         delivery_id = self.client.next_delivery_id()
         tag = delivery_id.to_bytes(4, "big")
-        self.client.track(delivery_id, self)
+        if not self.settled:
+            self.client.track(delivery_id, self)
         room = self.client.max_frame - TRANSFER_OVERHEAD
         if len(payload) <= room:
-            self.client.write(p.transfer(self.handle, delivery_id, tag, payload))
+            self.client.write(p.transfer(self.handle, delivery_id, tag, payload, self.settled))
         else:  # a message larger than a frame: transfers with more=true, then the last
             for at in range(0, len(payload), room):
                 more = at + room < len(payload)
-                self.client.write(p.transfer(self.handle, delivery_id, tag, payload[at : at + room], more=more))
+                self.client.write(p.transfer(self.handle, delivery_id, tag, payload[at : at + room], self.settled, more))
         self.delivery_count = (self.delivery_count + 1) & 0xFFFFFFFF
         self.credit -= 1
         return delivery_id

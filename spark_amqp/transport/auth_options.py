@@ -32,7 +32,7 @@ __all__ = [
     "shown_endpoint",
 ]
 
-MECHANISMS = ("PLAIN", "EXTERNAL")
+MECHANISMS = ("PLAIN", "EXTERNAL", "ANONYMOUS")
 TLS_KEYS = ("tls.caFile", "tls.certFile", "tls.keyFile", "tls.checkHostname", "tls.serverName", "tls.keyPassword")
 OAUTH2_KEYS = ("oauth2.tokenEndpoint", "oauth2.clientId", "oauth2.clientSecret", "oauth2.scope", "oauth2.tokenProvider")
 LOGIN_KEYS = ("authMechanism", *OAUTH2_KEYS)
@@ -73,7 +73,7 @@ class OAuth2Options:
 
 @dataclass(frozen=True)
 class Credentials:
-    mechanism: str  # "PLAIN" or "EXTERNAL"
+    mechanism: str  # "PLAIN", "EXTERNAL" or "ANONYMOUS"
     username: str  # for EXTERNAL without a user in the uri: the certificate's (its CN), shown in messages only
     password: str = field(repr=False)  # unused with EXTERNAL and OAuth 2
     oauth2: OAuth2Options | None = None
@@ -150,7 +150,7 @@ def parse_login(r: OptionReader, uri_user: str | None, uri_password: str | None,
     asked = r.text("authMechanism")
     mechanism = asked.strip().upper() if asked is not None else None
     if mechanism is not None and mechanism not in MECHANISMS:
-        raise AmqpOptionError(f"option 'authMechanism' must be PLAIN or EXTERNAL, got {asked!r}")
+        raise AmqpOptionError(f"option 'authMechanism' must be PLAIN, EXTERNAL or ANONYMOUS, got {asked!r}")
     password = r.text("password")
     has_password = password is not None or uri_password is not None
     certificate = tls is not None and tls.cert_file is not None
@@ -159,10 +159,16 @@ def parse_login(r: OptionReader, uri_user: str | None, uri_password: str | None,
             raise AmqpOptionError(
                 "oauth2.* options log in with a token in place of a password: drop option 'password' (and any password in the uri)"
             )
-        if mechanism == "EXTERNAL":
-            raise AmqpOptionError("oauth2.* options log in with a token (SASL PLAIN): drop authMechanism=EXTERNAL")
+        if mechanism in ("EXTERNAL", "ANONYMOUS"):
+            raise AmqpOptionError(f"oauth2.* options log in with a token (SASL PLAIN): drop authMechanism={mechanism}")
         oauth2 = _parse_oauth2(r, tls)
         return Credentials("PLAIN", uri_user or oauth2.client_id or "spark-amqp", "", oauth2)
+    if mechanism == "ANONYMOUS":
+        if has_password:
+            raise AmqpOptionError(
+                "authMechanism=ANONYMOUS logs in without credentials: drop option 'password' (and any password in the uri)"
+            )
+        return Credentials("ANONYMOUS", uri_user or "anonymous", "")
     if mechanism is None:
         mechanism = "EXTERNAL" if certificate and not has_password else "PLAIN"
     if mechanism == "EXTERNAL":

@@ -38,8 +38,8 @@ class Login:
         return self.options.mechanism
 
     def response(self, token: Token | None = None) -> str:
-        """The SASL response: empty for EXTERNAL (the broker reads the certificate), else PLAIN's."""
-        if self.mechanism == "EXTERNAL":
+        """The SASL response: empty for EXTERNAL (the broker reads the certificate) and ANONYMOUS, else PLAIN's."""
+        if self.mechanism in ("EXTERNAL", "ANONYMOUS"):
             return ""
         token = token or self.token
         secret = token.value if token is not None else self.options.password
@@ -55,6 +55,11 @@ class Login:
                 f"the broker offers the SASL mechanisms {said}, not EXTERNAL (a login by client certificate): enable the "
                 "plugin rabbitmq_auth_mechanism_ssl and add EXTERNAL to its auth_mechanisms, or log in with a password "
                 "(option 'password')"
+            )
+        if self.mechanism == "ANONYMOUS":
+            return LoginRefused(
+                f"the broker offers the SASL mechanisms {said}, not ANONYMOUS (a login without credentials): RabbitMQ 4 offers "
+                "it while anonymous_login_user is set; log in with a password instead (leave authMechanism out)"
             )
         return LoginRefused(
             f"the broker offers the SASL mechanisms {said}, not PLAIN (a login by password or token)"

@@ -15,7 +15,8 @@ import pytest
 from spark_amqp import amqp10
 from spark_amqp.amqp10.performatives import Outcome, Performative
 from spark_amqp.amqp10_client import Amqp10Client
-from spark_amqp.errors import AccessRefused, HandshakeFailed, NotFound
+from spark_amqp.client import AmqpClient
+from spark_amqp.errors import AccessRefused, AmqpOptionError, HandshakeFailed, LoginRefused, NotFound
 from spark_amqp.option_reader import OptionReader
 from spark_amqp.transport.options import CONNECTION_KEYS, parse_connection
 from tests.brokers import REAL
@@ -167,3 +168,28 @@ def test_a_broker_without_amqp_1_0_is_a_clear_error_at_once(where: str, shared_e
     with pytest.raises(HandshakeFailed, match=r"answered the AMQP 1\.0 protocol header with AMQP 0-9-1's"):
         run(old, lambda c: asyncio.sleep(0))
     assert time.monotonic() - started < 5  # an answer, never a wait for connectionTimeout
+
+
+def test_an_anonymous_login_over_either_protocol(url: str) -> None:
+    """RabbitMQ 4 offers ANONYMOUS (as its anonymous_login_user, guest, from loopback); 3.10 does not: a clear refusal."""
+
+    def bare(address: str) -> str:
+        return address.partition("://")[0] + "://" + address.rpartition("@")[2]
+
+    run(bare(url), lambda c: asyncio.sleep(0), authMechanism="ANONYMOUS")
+    opts = parse_connection(OptionReader({"uri": bare(url), "authMechanism": "anonymous"}, CONNECTION_KEYS))
+    assert (opts.mechanism, opts.username) == ("ANONYMOUS", "anonymous") and "guest" not in opts.display_uri
+
+    async def over_0_9_1(address: str) -> None:
+        client = await AmqpClient.connect(
+            parse_connection(OptionReader({"uri": address, "authMechanism": "ANONYMOUS"}, CONNECTION_KEYS)), "t"
+        )
+        await client.close()
+
+    asyncio.run(over_0_9_1(bare(url)))
+    older = next((b.url for b in REAL if b.version < (4, 0)), None)
+    if older is not None:
+        with pytest.raises(LoginRefused, match="not ANONYMOUS"):
+            asyncio.run(over_0_9_1(bare(older)))
+    with pytest.raises(AmqpOptionError, match="authMechanism=ANONYMOUS logs in without credentials"):
+        parse_connection(OptionReader({"uri": url, "authMechanism": "ANONYMOUS", "password": "x"}, CONNECTION_KEYS))

@@ -205,7 +205,9 @@ def connections(name: str, stream: bool = False) -> list[tuple[str, str]]:
     out = brokers.tls_ctl(command, "-q", "--formatter", "json", "client_properties", "auth_mechanism", "user")
     found = []
     for item in json.loads(out or "[]"):
-        names = [p[2] for p in item.get("client_properties", []) if p[0] == "connection_name"]
+        names = [
+            p[-1] for p in item.get("client_properties", []) if p[0] == "connection_name"
+        ]  # (key, type, value); AMQP 1.0: (key, value)
         if name in names:
             found.append((item["auth_mechanism"], item["user"]))
     return found

@@ -56,7 +56,7 @@ def test_no_certificate_and_no_password_is_still_guest() -> None:
         ("amqps://h/v", {"authMechanism": "EXTERNAL", "password": "pw", "cert": "y"}, "not a password: drop option 'password'"),
         ("amqps://u:pw@h/v", {"authMechanism": "external", "cert": "y"}, "not a password: drop option 'password'"),
         ("amqps://h/v", {"authMechanism": "PLAIN", "cert": "y"}, "authMechanism=PLAIN needs a password"),
-        ("amqps://h/v", {"authMechanism": "kerberos"}, "option 'authMechanism' must be PLAIN or EXTERNAL, got 'kerberos'"),
+        ("amqps://h/v", {"authMechanism": "kerberos"}, "option 'authMechanism' must be PLAIN, EXTERNAL or ANONYMOUS, got 'kerberos'"),
         ("amqp://h/v", {**oauth2(), "password": "pw"}, "drop option 'password'"),
         ("amqp://u:pw@h/v", oauth2(), "drop option 'password' (and any password in the uri)"),
         ("amqps://h/v", {**oauth2(), "authMechanism": "EXTERNAL", "cert": "y"}, "drop authMechanism=EXTERNAL"),
