@@ -19,10 +19,9 @@ from typing import Any
 from ..amqp10.performatives import Outcome
 from ..amqp10_client import Amqp10Client
 from ..amqp10_client.links import Receiver
-from ..errors import AmqpProtocolError, AmqpSourceError, StreamInQueueMode
+from ..errors import AmqpProtocolError, AmqpSourceError, ConnectionLost, StreamInQueueMode, is_transient
 from ..stream_protocol.rows import STANDARD, Conversion, RowMaker
 from ..transport.backoff import Backoff
-from .channel_policy import ChannelPolicy
 from .inbox import AckConfirmed, Delivery, SessionClosed
 from .io_session import IoSession
 from .options import SourceOptions
@@ -81,7 +80,6 @@ class Amqp10Session(IoSession):
     def __init__(self, options: SourceOptions, run_id: str) -> None:
         super().__init__(options, run_id)
         self._links: dict[str, _Link] = {}  # session id -> link
-        self._policy = ChannelPolicy(options)
         self._paused = False
         self._wraps = 0  # the connection's delivery ids went past 2^32 this often
         self._last_id = -1
@@ -118,8 +116,14 @@ class Amqp10Session(IoSession):
             self._links[link.session] = link
             try:
                 link.receiver = await client.receiver(client.queue_address(queue), self._on_delivery(client, link, rows))
+            except ConnectionLost:
+                return  # the connection is going (or did not answer): _run decides what next
             except AmqpProtocolError as err:
-                reason: AmqpProtocolError | None = err
+                # A refused attach (no such queue, no permission, Artemis's "not configured for queue support": a
+                # multicast address) is the same the next time: the query fails, saying why.
+                self._lost(link, str(err))
+                self._fail(self._error(err, queue))
+                return
             else:
                 source = link.receiver.attached.result()[5]
                 if getattr(source, "value", None) and len(source.value) > 6 and source.value[6] == "copy":
@@ -131,10 +135,9 @@ class Amqp10Session(IoSession):
                     return
                 if not self._paused:
                     link.receiver.grant(self.options.prefetch)
-                self._policy.subscribed(queue)
                 self._subscribed(queue)
                 backoff.reset()
-                reason = await link.receiver.closed
+                reason: AmqpProtocolError | None = await link.receiver.closed
             if client.closed.done():
                 return  # the connection is going: _run decides what next
             self._lost(link, str(reason) if reason is not None else "detached")
@@ -174,14 +177,13 @@ class Amqp10Session(IoSession):
             self.inbox.append(SessionClosed(link.session, link.queue, reason))
 
     def _on_link_error(self, queue: str, reason: AmqpProtocolError) -> bool:
-        """True when the link's end is fatal for the query (then the query fails with why)."""
-        message = self._policy.failure(queue, reason)
-        if message is None:
-            return False
-        error = AmqpSourceError(message)
-        error.__cause__ = reason
-        self._fail(error)
-        return True
+        """True when the broker's end of a link is fatal for the query (then the query fails with why); a transient
+        one (a queue's leader moving, a forced detach) is logged, and the link attached again."""
+        if not is_transient(reason):
+            self._fail(self._error(reason, queue))
+            return True
+        log.warning("AMQP source: the broker ended the link of queue '%s' (%s); attaching again", queue, reason)
+        return False
 
     def _ack(self, session: str, multiple: int | None, singles: list[int], ack_round: int) -> None:
         link = self._links.get(session)
