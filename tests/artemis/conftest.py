@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import fcntl
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
+
+from ..locks import exclusive
 
 
 @pytest.fixture(autouse=True)
 def one_at_a_time() -> Iterator[None]:
-    with open(Path(tempfile.gettempdir()) / "spark-amqp-artemis-tests.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with exclusive("artemis"):
+        yield

@@ -5,20 +5,18 @@ the test ends."""
 
 from __future__ import annotations
 
-import fcntl
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 import pika
 import pytest
 
 from tests.brokers import CLUSTER_STREAM_URL, CLUSTER_URL, TOOLS
+from tests.locks import exclusive
 
 
 @dataclass(frozen=True)
@@ -110,12 +108,8 @@ class Cluster:
 def cluster_lock() -> Iterator[None]:
     """One cluster test at a time across pytest-xdist's workers and test runs: a test that stops a node would
     break another that counts on every node (or stops the same one)."""
-    with open(Path(tempfile.gettempdir()) / "spark-amqp-cluster-tests.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with exclusive("cluster"):
+        yield
 
 
 @pytest.fixture(autouse=True)

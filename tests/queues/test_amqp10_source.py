@@ -7,7 +7,6 @@ from __future__ import annotations
 import collections
 import datetime
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,39 +21,17 @@ from spark_amqp.queues.ledger import RedeliveryFilter, fingerprint
 from spark_amqp.queues.options import parse_source_options
 from spark_amqp.streams.options import parse_stream_options
 
+from .. import amqp10_fixtures
 from ..broker.helpers import consume_n, wait_for
 from ..brokers import REAL, counts, drop_source_connections, publish
 from ..brokers import version as pika_version
 from .driver import MicroBatchDriver
 
-AMQP10 = [b for b in REAL if b.version >= (4, 0)]
 OLDER = [b for b in REAL if b.version < (4, 0)]
 
-
-@pytest.fixture(params=[b.name for b in AMQP10] or ["none"])
-def url(request: pytest.FixtureRequest) -> str:
-    if not AMQP10:
-        pytest.skip("no RabbitMQ 4.x in AMQP_TEST_BROKERS: AMQP 1.0 is a core protocol from 4.0")
-    return next(b.url for b in AMQP10 if b.name == request.param)
-
-
-@pytest.fixture
-def queues(url: str) -> Iterator[Any]:
-    made: list[str] = []
-
-    def make(kind: str = "classic") -> str:
-        name = f"a10src-{uuid.uuid4().hex[:10]}"
-        conn = pika.BlockingConnection(pika.URLParameters(url))
-        conn.channel().queue_declare(name, durable=True, arguments={"x-queue-type": kind})
-        conn.close()
-        made.append(name)
-        return name
-
-    yield make
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    for name in made:
-        conn.channel().queue_delete(name)
-    conn.close()
+# The fixtures each RabbitMQ 4.x and its fresh queues (tests/amqp10_fixtures.py).
+url = amqp10_fixtures.url
+queues = amqp10_fixtures.queues
 
 
 def _driver(url: str, queue: str, **options: object) -> MicroBatchDriver:

@@ -8,7 +8,6 @@ import asyncio
 import datetime
 import threading
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pika
@@ -20,37 +19,14 @@ from spark_amqp.sink.amqp10_messages import Amqp10MessageBuilder, address_of
 from spark_amqp.sink.amqp10_publisher import Amqp10PartitionPublisher
 from spark_amqp.sink.options import parse_sink_options
 
+from .. import amqp10_fixtures
 from ..broker.helpers import consume_n, wait_for
-from ..brokers import REAL, drop_source_connections
+from ..brokers import drop_source_connections
 from .helpers import publish_table
 
-AMQP10 = [b for b in REAL if b.version >= (4, 0)]
-
-
-@pytest.fixture(params=[b.name for b in AMQP10] or ["none"])
-def url(request: pytest.FixtureRequest) -> str:
-    if not AMQP10:
-        pytest.skip("no RabbitMQ 4.x in AMQP_TEST_BROKERS: AMQP 1.0 is a core protocol from 4.0")
-    return next(b.url for b in AMQP10 if b.name == request.param)
-
-
-@pytest.fixture
-def queues(url: str) -> Iterator[Any]:
-    made: list[str] = []
-
-    def make(**arguments: Any) -> str:
-        name = f"a10sink-{uuid.uuid4().hex[:10]}"
-        conn = pika.BlockingConnection(pika.URLParameters(url))
-        conn.channel().queue_declare(name, durable=True, arguments=arguments or None)
-        conn.close()
-        made.append(name)
-        return name
-
-    yield make
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    for name in made:
-        conn.channel().queue_delete(name)
-    conn.close()
+# The fixtures each RabbitMQ 4.x and its fresh queues (tests/amqp10_fixtures.py).
+url = amqp10_fixtures.url
+queues = amqp10_fixtures.queues
 
 
 def publish10(url: str, table: dict[str, Any], **options: str) -> Any:
@@ -140,7 +116,7 @@ def test_a_missing_exchange_fails_the_task_naming_it(url: str) -> None:
 
 
 def test_a_rejected_message_names_the_queue_and_the_reason(url: str, queues: Any) -> None:
-    full = queues(**{"x-max-length": 1, "x-overflow": "reject-publish"})
+    full = queues("classic", **{"x-max-length": 1, "x-overflow": "reject-publish"})
     with pytest.raises(AmqpPublishError, match=rf"1 refused by the broker \(first: /queues/{full}: rejected \(.*\)\) of 2 messages"):
         publish10(url, {"body": [b"a", b"b"]}, routingKey=full, maxInFlight="1")
 
