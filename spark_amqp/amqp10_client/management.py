@@ -2,26 +2,31 @@
 ``/management`` that share one name and carry ``paired: true``, each request a message with a method as its
 ``subject``, a path as its ``to`` and ``$me`` as its ``reply-to``; the answer's ``subject`` is an HTTP status code.
 
-The connector uses one request: ``PUT /auth/tokens``, which hands a running connection a renewed OAuth 2 token.
+The connector's requests: ``PUT /auth/tokens`` (a running connection's renewed OAuth 2 token), and for the queue
+source and the sink ``PUT /queues/<q>``, ``PUT /exchanges/<e>`` and ``POST /bindings`` (declareQueue,
+declareExchange) and ``GET /queues/<q>`` (its type and its consumers). An answer other than success is the exception its status stands for (``STATUS``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import urllib.parse
 from typing import TYPE_CHECKING, Any
 
 from .. import amqp10
 from ..amqp10.types import Symbol
-from ..errors import ConnectionLost
+from ..errors import AccessRefused, AmqpReplyError, ConnectionLost, NotFound, PreconditionFailed
 
 if TYPE_CHECKING:
     from .connection import Amqp10Client
     from .links import Receiver, Sender
 
-__all__ = ["Management"]
+__all__ = ["STATUS", "Management", "bind", "declare_exchange", "declare_queue", "queue_info"]
 
 NODE = "/management"
+# A refusal's status: the exception an AMQP 0-9-1 reply code of the same meaning is.
+STATUS: dict[int, type[AmqpReplyError]] = {400: PreconditionFailed, 403: AccessRefused, 404: NotFound, 409: PreconditionFailed}
 LINK_NAME = "management-link-pair"
 
 
@@ -72,3 +77,41 @@ class Management:
         if self._receiver.credit < 8:
             self._receiver.grant(16)
         return self._sender
+
+
+def _path(queue: str) -> str:
+    return f"/queues/{urllib.parse.quote(queue, safe='')}"
+
+
+async def _ok(client: Amqp10Client, method: str, path: str, body: Any, what: str) -> Any:
+    status, answer = await client.management_request(method, path, body)
+    if 200 <= status < 300:
+        return answer
+    # The node's own words (they name the queue or exchange); the status only where it gives none.
+    raise STATUS.get(status, PreconditionFailed)(str(answer) if answer else f"{what}: status {status}", on_connection=False)
+
+
+async def declare_queue(client: Amqp10Client, queue: str, durable: bool, arguments: dict[str, Any]) -> None:
+    await _ok(
+        client,
+        "PUT",
+        _path(queue),
+        {"durable": durable, "auto_delete": False, "exclusive": False, "arguments": arguments},
+        f"declaring queue '{queue}'",
+    )
+
+
+async def declare_exchange(client: Amqp10Client, exchange: str, kind: str, durable: bool) -> None:
+    body = {"type": kind, "durable": durable, "auto_delete": False, "internal": False, "arguments": {}}
+    await _ok(client, "PUT", f"/exchanges/{urllib.parse.quote(exchange, safe='')}", body, f"declaring exchange '{exchange}'")
+
+
+async def bind(client: Amqp10Client, exchange: str, queue: str, key: str) -> None:
+    body = {"source": exchange, "destination_queue": queue, "binding_key": key, "arguments": {}}
+    await _ok(client, "POST", "/bindings", body, f"binding queue '{queue}' to exchange '{exchange}'")
+
+
+async def queue_info(client: Amqp10Client, queue: str) -> dict[str, Any]:
+    """The queue as the node shows it: ``type``, ``message_count``, ``consumer_count``, ``arguments``…"""
+    answer = await _ok(client, "GET", _path(queue), None, f"queue '{queue}'")
+    return dict(answer) if isinstance(answer, dict) else {}

@@ -19,9 +19,11 @@ from typing import Any
 from ..amqp10.performatives import Outcome
 from ..amqp10_client import Amqp10Client
 from ..amqp10_client.links import Receiver
-from ..errors import AmqpProtocolError, AmqpSourceError, ConnectionLost, StreamInQueueMode, is_transient
+from ..amqp10_client.management import bind, declare_queue, queue_info
+from ..errors import AmqpProtocolError, AmqpSourceError, ConnectionLost, OtherConsumers, StreamInQueueMode, is_transient
 from ..stream_protocol.rows import STANDARD, Conversion, RowMaker
 from ..transport.backoff import Backoff
+from .channel_policy import ChannelPolicy
 from .inbox import AckConfirmed, Delivery, SessionClosed
 from .io_session import IoSession
 from .options import SourceOptions
@@ -80,6 +82,7 @@ class Amqp10Session(IoSession):
     def __init__(self, options: SourceOptions, run_id: str) -> None:
         super().__init__(options, run_id)
         self._links: dict[str, _Link] = {}  # session id -> link
+        self._policy = ChannelPolicy(options)  # what another consumer on an exclusive queue means
         self._paused = False
         self._wraps = 0  # the connection's delivery ids went past 2^32 this often
         self._last_id = -1
@@ -110,6 +113,13 @@ class Amqp10Session(IoSession):
         backoff = Backoff()
         self.marks_redeliveries = client.rabbitmq  # Artemis sends no delivery-count
         rows = RowMaker(queue, Conversion.of(client.server_version) if client.rabbitmq else STANDARD)
+        try:
+            await self._prepare(client, queue)
+        except ConnectionLost:
+            return
+        except AmqpProtocolError as err:
+            self._fail(self._error(err, queue))
+            return
         while not self._stopping and self.fatal is None and not client.closed.done():
             self._epoch += 1
             link = _Link(f"{self.run_id}.{self._epoch}", queue)
@@ -133,8 +143,22 @@ class Amqp10Session(IoSession):
                     self._lost(link, "a stream")
                     self._on_link_error(queue, StreamInQueueMode(queue))
                     return
+                if self.options.exclusive_consumer:
+                    # AMQP 1.0 has no exclusive subscription: count the queue's consumers, ours included.
+                    try:
+                        consumers = int((await queue_info(client, queue)).get("consumer_count") or 0)
+                    except ConnectionLost:
+                        return
+                    if consumers > 1:
+                        await link.receiver.detach()  # before any credit: nothing was delivered
+                        self._lost(link, f"{consumers} consumers")
+                        if self._on_link_error(queue, OtherConsumers(queue, consumers)):
+                            return
+                        await asyncio.sleep(backoff.next())
+                        continue
                 if not self._paused:
                     link.receiver.grant(self.options.prefetch)
+                self._policy.subscribed(queue)
                 self._subscribed(queue)
                 backoff.reset()
                 reason: AmqpProtocolError | None = await link.receiver.closed
@@ -176,9 +200,37 @@ class Amqp10Session(IoSession):
             self._consuming.discard(link.queue)
             self.inbox.append(SessionClosed(link.session, link.queue, reason))
 
+    async def _prepare(self, client: Amqp10Client, queue: str) -> None:
+        """On RabbitMQ, through its management node: declare and bind the queue (option declareQueue), and refuse a
+        stream before attaching (4.0 says nothing at the attach). Elsewhere the options that need the node fail."""
+        declaration = self.options.declaration
+        if not client.rabbitmq:
+            needs = [k for k, v in (("declareQueue", declaration), ("exclusiveConsumer", self.options.exclusive_consumer)) if v]
+            if needs:
+                product = client.server_properties.get("product", "this broker")
+                fix = "declare the queue with the broker's tools" if needs[0] == "declareQueue" else "set exclusiveConsumer=false"
+                raise AmqpSourceError(
+                    f"option '{needs[0]}' over AMQP 1.0 needs RabbitMQ's management node, which {product} does not have: "
+                    f"{fix} (with a journal, keep other consumers off the queue yourself)"
+                )
+            return
+        if declaration is not None:
+            await declare_queue(client, queue, declaration.durable, declaration.arguments)
+            if declaration.exchange:
+                await bind(client, declaration.exchange, queue, declaration.binding_key)
+        if (await queue_info(client, queue)).get("type") == "stream":
+            raise StreamInQueueMode(queue)
+
     def _on_link_error(self, queue: str, reason: AmqpProtocolError) -> bool:
         """True when the broker's end of a link is fatal for the query (then the query fails with why); a transient
         one (a queue's leader moving, a forced detach) is logged, and the link attached again."""
+        if isinstance(reason, OtherConsumers):
+            message = self._policy.failure(queue, reason)  # another query, or our own previous connection's link
+            if message is not None:
+                error = AmqpSourceError(message)
+                error.__cause__ = reason
+                self._fail(error)
+            return message is not None
         if not is_transient(reason):
             self._fail(self._error(reason, queue))
             return True

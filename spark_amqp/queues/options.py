@@ -107,11 +107,6 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
             "journalLocation, prefetch need only hold one batch)"
         )
     declaration = None
-    if connection.amqp10 and r.boolean("declareQueue", False):
-        raise AmqpOptionError(
-            "option 'declareQueue' is for AMQP 0-9-1: over AMQP 1.0 (protocol=amqp1.0) the queue must exist already; "
-            "declare it with your broker's tools, or read it with protocol=amqp0-9-1"
-        )
     if r.boolean("declareQueue", False):
         declaration = QueueDeclaration(
             durable=r.boolean("queueDurable", True),
@@ -150,20 +145,8 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         declaration=declaration,
         journal=journal,
         dedupe_by=DEDUPE_MODES[dedupe.lower()],
-        exclusive_consumer=_exclusive(r, connection, journal is not None),
+        # Exactly-once holds only while one query reads each queue: enforce it by default.
+        exclusive_consumer=r.boolean("exclusiveConsumer", journal is not None),
         trigger=trigger,
         max_delivery_count=max_delivery_count,
     )
-
-
-def _exclusive(r: OptionReader, connection: ConnectionOptions, journalled: bool) -> bool:
-    # Exactly-once holds only while one query reads each queue: enforce it by default, where the protocol can.
-    if not connection.amqp10:
-        return r.boolean("exclusiveConsumer", journalled)
-    if r.boolean("exclusiveConsumer", False):
-        raise AmqpOptionError(
-            "option 'exclusiveConsumer' needs AMQP 0-9-1: AMQP 1.0 has no exclusive subscription. Keep other consumers "
-            "off the queue another way: on RabbitMQ, declare it with x-single-active-consumer=true (a second query then "
-            "waits instead of taking messages), or read it with protocol=amqp0-9-1"
-        )
-    return False

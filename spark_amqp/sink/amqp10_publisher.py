@@ -19,6 +19,7 @@ from typing import Any
 
 from ..amqp10.performatives import Performative
 from ..amqp10_client import Amqp10Client, Sender
+from ..amqp10_client.management import bind, declare_exchange, declare_queue
 from ..errors import AmqpProtocolError, AmqpPublishError, ConnectionLost, explain
 from .amqp10_messages import Amqp10Message, Amqp10MessageBuilder
 from .options import SinkOptions
@@ -102,11 +103,32 @@ class Amqp10PartitionPublisher:
         try:
             client = await Amqp10Client.connect(c, f"spark-amqp sink {description}")
             self.builder.met_amqp10_broker(client.server_version, client.rabbitmq, client.max_frame)
+            await self._declare(client)
             return client, await client.sender(None, lambda *args: None)
-        except AmqpProtocolError as err:
+        except BaseException as err:
             if client is not None:
                 await client.close()
-            raise AmqpPublishError(f"{explain(err, c.display_uri, c.username, c.vhost)}; {retry_hint(err)}") from err
+            if isinstance(err, AmqpProtocolError):
+                raise AmqpPublishError(f"{explain(err, c.display_uri, c.username, c.vhost)}; {retry_hint(err)}") from err
+            raise
+
+    async def _declare(self, client: Amqp10Client) -> None:
+        """Options declareExchange and declareQueue, through RabbitMQ's management node (elsewhere: a clear error)."""
+        opts = self.options
+        if not (opts.declare_exchange or opts.declare_queue):
+            return
+        if not client.rabbitmq:
+            product = client.server_properties.get("product", "this broker")
+            raise AmqpPublishError(
+                f"options 'declareExchange' and 'declareQueue' over AMQP 1.0 need RabbitMQ's management node, which {product} "
+                "does not have: declare them with the broker's tools; nothing was published"
+            )
+        if opts.declare_exchange:
+            await declare_exchange(client, opts.exchange, opts.declare_exchange, opts.exchange_durable)
+        if opts.declare_queue:
+            await declare_queue(client, opts.declare_queue, True, opts.queue_arguments)
+            if opts.exchange:
+                await bind(client, opts.exchange, opts.declare_queue, opts.binding_key)
 
     def _outcome(self, window: ConfirmWindow, delivery_id: int, code: int, values: list[Any]) -> None:
         address = self._addresses.pop(delivery_id, "?")

@@ -140,13 +140,12 @@ def parse_sink_options(options: Mapping[str, str]) -> SinkOptions:
 
 
 def _amqp10_only(r: OptionReader) -> None:
-    """protocol=amqp1.0: the options that declare (AMQP 1.0 has no declarations) or route by partition are refused."""
-    for key in ("declareExchange", "declareQueue", "superStream"):
-        if r.text(key) is not None:
-            raise AmqpOptionError(
-                f"option '{key}' is for AMQP 0-9-1: over AMQP 1.0 (protocol=amqp1.0) the sink publishes to exchanges and queues "
-                "that exist already; declare them with your broker's tools, or publish with protocol=amqp0-9-1"
-            )
+    """protocol=amqp1.0: a super stream's partitions are found over AMQP 0-9-1 (its exchange's bindings)."""
+    if r.text("superStream") is not None:
+        raise AmqpOptionError(
+            "option 'superStream' is for AMQP 0-9-1 and the stream protocol: over AMQP 1.0 (protocol=amqp1.0) publish to "
+            "the super stream's exchange with option 'exchange' and a routing key, or leave 'protocol' out"
+        )
 
 
 def _stream_target(r: OptionReader, stream_protocol: bool) -> tuple[str | None, bool]:

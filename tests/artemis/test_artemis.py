@@ -99,7 +99,7 @@ def test_a_dropped_connection_loses_and_duplicates_nothing(queue: str) -> None:
 def test_a_journal_gives_exactly_once_through_a_crash(queue: str, tmp_path: Path) -> None:
     publish(queue, 0, 30)
     journal = str(tmp_path / "journal")
-    first = _driver(queue, journalLocation=journal, maxMessagesPerTrigger=10, prefetch=30)
+    first = _driver(queue, journalLocation=journal, maxMessagesPerTrigger=10, prefetch=30, exclusiveConsumer="false")
     first.runtime.ensure_started()
     first.runtime.session.ack = lambda *args: None  # type: ignore[method-assign, union-attr]  # dies before it settles
     planned = first.plan()
@@ -108,7 +108,7 @@ def test_a_journal_gives_exactly_once_through_a_crash(queue: str, tmp_path: Path
     batch = first.run_batch(start, end)
     first.close()
 
-    second = _driver(queue, journalLocation=journal, maxMessagesPerTrigger=10, prefetch=30)
+    second = _driver(queue, journalLocation=journal, maxMessagesPerTrigger=10, prefetch=30, exclusiveConsumer="false")
     try:
         second.start = start
         assert second.run_batch(start, end, commit_previous=False) == batch
@@ -132,6 +132,26 @@ def test_a_broker_restart_mid_read_loses_nothing(queue: str) -> None:
     finally:
         d.close()
     assert _left(queue) == []
+
+
+def test_options_that_need_rabbitmqs_management_node_are_a_clear_error(queue: str, tmp_path: Path) -> None:
+    publish(queue, 0, 1)
+    for options, key in (({"journalLocation": str(tmp_path / "j")}, "exclusiveConsumer"), ({"declareQueue": "true"}, "declareQueue")):
+        d = _driver(queue, **options)
+        try:
+            with pytest.raises(
+                AmqpSourceError, match=f"option '{key}' over AMQP 1.0 needs RabbitMQ's management node, which apache-activemq-artemis"
+            ):
+                d.plan(wait=1.0)
+        finally:
+            d.close()
+
+
+def test_sink_declarations_are_a_clear_error(queue: str) -> None:
+    with pytest.raises(
+        AmqpPublishError, match="options 'declareExchange' and 'declareQueue' over AMQP 1.0 need RabbitMQ's management node"
+    ):
+        publish(queue, 0, 1, declareQueue=queue)
 
 
 def test_available_now_is_a_clear_error(queue: str) -> None:

@@ -218,10 +218,48 @@ def test_available_now_and_the_backlog_come_from_the_links_available(url: str, q
         d.close()
 
 
+def test_declare_and_bind_the_queue_through_the_management_node(url: str, queues: Any) -> None:
+    q, exchange = f"a10-declared-{uuid.uuid4().hex[:8]}", f"a10x-{uuid.uuid4().hex[:8]}"
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    conn.channel().exchange_declare(exchange, "direct", auto_delete=True)
+    d = _driver(url, q, declareQueue="true", queueArguments='{"x-queue-type": "quorum"}', bindExchange=exchange, bindingKey="k")
+    try:
+        d.runtime.ensure_started()
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.basic_publish(exchange, "k", b"routed", pika.BasicProperties(message_id="r-1"), mandatory=True)
+        rows = d.drain(1, timeout=15)
+        assert [(r["body"], r["exchange"], r["routing_key"]) for r in rows] == [(b"routed", exchange, "k")]
+        assert ch.queue_declare(q, passive=True).method.consumer_count == 1
+    finally:
+        d.close()
+        conn.channel().queue_delete(q)
+        conn.close()
+
+
+def test_a_second_exactly_once_query_fails_fast_and_the_first_goes_on(url: str, queues: Any, tmp_path: Path) -> None:
+    q = queues("quorum")
+    _publish_ids(url, q, 20)
+    first = _driver(url, q, journalLocation=str(tmp_path / "j1"), maxMessagesPerTrigger=10, prefetch=20)
+    second = _driver(url, q, journalLocation=str(tmp_path / "j2"))
+    try:
+        first.runtime.ensure_started()
+        with pytest.raises(AmqpSourceError, match=rf"queue '{q}' on .* has another consumer: 2 consumers counted.*exclusiveConsumer=false"):
+            second.plan(wait=5.0)
+        rows = first.drain(20, timeout=30)
+        assert sorted(_ids(rows)) == sorted(f"id-{i}" for i in range(20))
+    finally:
+        second.close()
+        first.close()
+
+
 def test_a_missing_queue_is_a_clear_error(url: str) -> None:
     d = _driver(url, f"missing-{uuid.uuid4().hex[:8]}")
     try:
-        with pytest.raises(AmqpSourceError, match=r"not found .*amqp:not-found: no queue 'missing-"):
+        with pytest.raises(
+            AmqpSourceError,
+            match=r"\(AMQP 1\.0\): not found \(404 NOT_FOUND - queue 'missing-\w+' in vhost '/' not found\); create it first, or let the connector declare it",
+        ):
             d.plan(wait=1.0)
     finally:
         d.close()
@@ -293,12 +331,8 @@ def test_protocol_options() -> None:
     assert "(AMQP 1.0)" in parse_source_options({**base, "protocol": "amqp1.0"}).connection.display_uri
     with pytest.raises(AmqpOptionError, match=r"'protocol' must be amqp0-9-1 or amqp1.0, got '1.0'"):
         parse_source_options({**base, "protocol": "1.0"})
-    with pytest.raises(AmqpOptionError, match=r"'exclusiveConsumer' needs AMQP 0-9-1.*x-single-active-consumer"):
-        parse_source_options({**base, "protocol": "amqp1.0", "exclusiveConsumer": "true"})
-    with pytest.raises(AmqpOptionError, match="'declareQueue' is for AMQP 0-9-1"):
-        parse_source_options({**base, "protocol": "amqp1.0", "declareQueue": "true"})
     journalled = parse_source_options({**base, "protocol": "amqp1.0", "journalLocation": "/tmp/j"})
-    assert not journalled.exclusive_consumer
+    assert journalled.exclusive_consumer  # as over AMQP 0-9-1: RabbitMQ's management node counts the consumers
     with pytest.raises(AmqpOptionError, match="option 'protocol' is for amqp:// and amqps:// uris"):
         parse_stream_options({"uri": "rabbitmq-stream://guest@localhost/", "stream": "s", "protocol": "amqp1.0"})
     with pytest.raises(AmqpOptionError, match=r"amqp1.0 is for the queue source and the sinks in this version: stream mode"):

@@ -156,10 +156,29 @@ def test_a_connection_lost_mid_partition_fails_the_task(url: str, queues: Any) -
 
 def test_options_over_amqp_1_0() -> None:
     base = {"uri": "amqp://guest@localhost/", "protocol": "amqp1.0"}
-    for key, value in (("declareQueue", "q"), ("declareExchange", "true"), ("superStream", "s")):
-        with pytest.raises(AmqpOptionError, match=f"option '{key}' is for AMQP 0-9-1"):
-            parse_sink_options({**base, key: value, "exchange": "x"})
-    assert parse_sink_options({**base, "exchange": "x"}).connection.amqp10
+    with pytest.raises(AmqpOptionError, match="option 'superStream' is for AMQP 0-9-1 and the stream protocol"):
+        parse_sink_options({**base, "superStream": "s"})
+    assert parse_sink_options({**base, "exchange": "x", "declareExchange": "true", "declareQueue": "q"}).connection.amqp10
+
+
+def test_declare_the_exchange_and_the_queue_through_the_management_node(url: str) -> None:
+    exchange, queue = f"a10x-{uuid.uuid4().hex[:8]}", f"a10q-{uuid.uuid4().hex[:8]}"
+    try:
+        options = {
+            "exchange": exchange,
+            "declareExchange": "true",
+            "exchangeType": "topic",
+            "declareQueue": queue,
+            "bindingKey": "orders.*",
+        }
+        publish10(url, {"body": [b"a", b"b"], "routing_key": ["orders.new", "refunds.new"]}, mandatory="false", **options)
+        got = _consume(url, queue, 2)
+        assert [(m.exchange, m.routing_key, b) for m, _, b in got] == [(exchange, "orders.new", b"a")]  # the other: no binding
+    finally:
+        conn = pika.BlockingConnection(pika.URLParameters(url))
+        conn.channel().queue_delete(queue)
+        conn.channel().exchange_delete(exchange)
+        conn.close()
 
 
 def test_addresses() -> None:
