@@ -149,7 +149,7 @@ def test_options_that_need_rabbitmqs_management_node_are_a_clear_error(queue: st
 
 def test_sink_declarations_are_a_clear_error(queue: str) -> None:
     with pytest.raises(
-        AmqpPublishError, match="options 'declareExchange' and 'declareQueue' over AMQP 1.0 need RabbitMQ's management node"
+        AmqpPublishError, match=r"options 'declareExchange' and 'declareQueue' over AMQP 1.0 need RabbitMQ's management node"
     ):
         publish(queue, 0, 1, declareQueue=queue)
 
