@@ -27,8 +27,8 @@ def stream_offset(props: LazyProperties) -> int | None:
     return props.pop_long_header("x-stream-offset")
 
 
-def not_a_stream(stream: str, refusal: BaseException | None = None) -> AmqpSourceError:
-    why = f"the broker refused a stream offset for it: {refusal}" if refusal else "its deliveries carry no x-stream-offset header"
+def not_a_stream(stream: str, refusal: BaseException | None = None, why: str | None = None) -> AmqpSourceError:
+    why = why or (f"the broker refused a stream offset for it: {refusal}" if refusal else "its deliveries carry no x-stream-offset header")
     return AmqpSourceError(
         f"queue '{stream}' is not a stream queue ({why}), so it was not read "
         "and nothing was acknowledged: read classic and quorum queues with option 'queue', or declare a stream with "

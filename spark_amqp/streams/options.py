@@ -116,11 +116,6 @@ def parse_stream_options(options: Mapping[str, str]) -> StreamSourceOptions:
             raise AmqpOptionError(f"option '{key}' does not apply to streams: {QUEUE_ONLY[key.lower()]}")
     r = OptionReader(options, STREAM_KEYS)
     connection = parse_connection(r, stream_protocol=True)  # rabbitmq-stream://: read over the stream protocol
-    if connection.amqp10:
-        raise AmqpOptionError(
-            "option 'protocol' amqp1.0 is for the queue source and the sinks in this version: stream mode (option 'stream') speaks AMQP 0-9-1 or RabbitMQ's "
-            "stream protocol; leave 'protocol' out"
-        )
     stream_port = r.integer("streamPort", None, 1, 65535)
     if stream_port is not None:
         if connection.stream_protocol:

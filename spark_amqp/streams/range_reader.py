@@ -11,6 +11,7 @@ from ..reading import arrow
 from .options import StreamSourceOptions
 from .range_base import RangeReader
 from .range_over_amqp import ACK_SHARE, AmqpRangeReader
+from .range_over_amqp10 import Amqp10RangeReader
 from .range_over_protocol import ProtocolRangeReader
 from .ranges import StreamRange
 
@@ -22,7 +23,9 @@ BATCH_ROWS = 10_000
 def read_range(options: StreamSourceOptions, part: StreamRange, batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
     """Arrow record batches of the range's messages, in offset order."""
     loop = asyncio.new_event_loop()
-    kind = ProtocolRangeReader if options.connection.stream_protocol else AmqpRangeReader
+    kind = (
+        ProtocolRangeReader if options.connection.stream_protocol else Amqp10RangeReader if options.connection.amqp10 else AmqpRangeReader
+    )
     reader: RangeReader = kind(options, part)
     try:
         while not reader.exhausted:

@@ -335,8 +335,7 @@ def test_protocol_options() -> None:
     assert journalled.exclusive_consumer  # as over AMQP 0-9-1: RabbitMQ's management node counts the consumers
     with pytest.raises(AmqpOptionError, match="option 'protocol' is for amqp:// and amqps:// uris"):
         parse_stream_options({"uri": "rabbitmq-stream://guest@localhost/", "stream": "s", "protocol": "amqp1.0"})
-    with pytest.raises(AmqpOptionError, match=r"amqp1.0 is for the queue source and the sinks in this version: stream mode"):
-        parse_stream_options({"uri": "amqp://guest@localhost/", "stream": "s", "protocol": "amqp1.0"})
+    assert parse_stream_options({"uri": "amqp://guest@localhost/", "stream": "s", "protocol": "amqp1.0"}).connection.amqp10
 
 
 def test_a_broker_that_does_not_mark_redeliveries_still_has_its_copies_recognised() -> None:

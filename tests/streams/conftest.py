@@ -11,12 +11,12 @@ from spark_amqp.streams.planner import StreamPlanner
 from . import helpers
 
 
-@pytest.fixture(params=["amqp", "stream-protocol"])
+@pytest.fixture(params=["amqp", "stream-protocol", "amqp1.0"])
 def read_over(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The protocol ``helpers.options`` reads over: the test's AMQP 0-9-1 url, or the same broker's stream-protocol
-    url. A module that must behave the same over both asks for it for every test (``usefixtures``); tests of what
-    only the AMQP 0-9-1 reader does are marked ``amqp_only``."""
-    if request.param == "stream-protocol" and request.node.get_closest_marker("amqp_only"):
+    """The protocol ``helpers.options`` reads over: the test's AMQP 0-9-1 url, the same broker's stream-protocol
+    url, or its AMQP 0-9-1 url with protocol=amqp1.0 (RabbitMQ 4.x). A module that must behave the same over all
+    asks for it for every test (``usefixtures``); tests of what only the AMQP 0-9-1 reader does are marked ``amqp_only``."""
+    if request.param != "amqp" and request.node.get_closest_marker("amqp_only"):
         pytest.skip("what only the AMQP 0-9-1 reader does")
     helpers.READ_OVER[0] = request.param
     yield request.param

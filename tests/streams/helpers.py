@@ -5,6 +5,7 @@ super streams declared and filled over AMQP 0-9-1, options for the protocol a te
 from __future__ import annotations
 
 import time
+import urllib.parse
 
 import pika
 import pytest
@@ -18,7 +19,7 @@ from spark_amqp.streams.range_reader import read_range
 from spark_amqp.streams.ranges import StreamRange
 
 from ..broker.helpers import wait_for
-from ..brokers import STREAM_URLS
+from ..brokers import REAL, STREAM_URLS
 
 
 def declare_stream(url: str, name: str, **arguments: object) -> None:
@@ -57,6 +58,11 @@ READ_OVER = ["amqp"]
 def reading_url(url: str) -> str:
     if READ_OVER[0] == "amqp":
         return url
+    if READ_OVER[0] == "amqp1.0":
+        real = next((b for b in REAL if b.url == url), None)
+        if real is None or real.version < (4, 0):
+            pytest.skip("AMQP 1.0 reads streams on RabbitMQ 4.x (not the embedded broker, nor 3.x)")
+        return url
     stream_url = STREAM_URLS.get(url)
     if stream_url is None:
         pytest.skip("this broker's stream protocol port is not known (AMQP_TEST_STREAM_BROKERS)")
@@ -64,7 +70,12 @@ def reading_url(url: str) -> str:
 
 
 def options(url: str, stream: str, **extra: str) -> StreamSourceOptions:
-    return parse_stream_options({"uri": reading_url(url), "stream": stream, "connectionTimeout": "20", **extra})
+    over = {}
+    if READ_OVER[0] == "amqp1.0":
+        # Ranges over AMQP 1.0; what RabbitMQ does not deliver is checked on the broker's stream-protocol port.
+        port = urllib.parse.urlsplit(STREAM_URLS[url]).port if url in STREAM_URLS else None
+        over = {"protocol": "amqp1.0", **({"streamPort": str(port)} if port else {})}
+    return parse_stream_options({"uri": reading_url(url), "stream": stream, "connectionTimeout": "20", **over, **extra})
 
 
 def offsets_and_ids(opts: StreamSourceOptions, part: StreamRange, batch_rows: int = 10_000) -> list[tuple[int, str]]:

@@ -196,7 +196,7 @@ def test_a_queue_that_is_not_a_stream_is_refused_before_any_ack(amqp_url: str, n
     opts = options(amqp_url, q)
     started = time.monotonic()
     # The stream protocol sees streams only: there a classic queue is a stream that does not exist.
-    refused = "is not a stream queue.*nothing was acknowledged" if read_over == "amqp" else "not found.*sees streams only"
+    refused = "is not a stream queue.*nothing was acknowledged" if read_over != "stream-protocol" else "not found.*sees streams only"
     with pytest.raises(AmqpSourceError, match=f"'{q}'.*{refused}.*option 'queue'"):
         planner(planners, opts).initial_offset()
     with pytest.raises(AmqpSourceError, match=refused):
@@ -259,7 +259,7 @@ def test_a_dropped_connection_resumes_after_the_last_offset_read(
     declare_stream(amqp_url, s)
     publish(amqp_url, s, 0, 3000)
     opened: list = []  # type: ignore[type-arg]
-    if read_over != "amqp":
+    if read_over == "stream-protocol":
         # rabbitmqctl does not list stream-protocol connections: the test cuts the reader's socket itself.
         from spark_amqp.streams import range_over_protocol
 
@@ -272,7 +272,7 @@ def test_a_dropped_connection_resumes_after_the_last_offset_read(
         monkeypatch.setattr(range_over_protocol.StreamClient, "connect", recorded)
 
     def cut() -> int:
-        if read_over == "amqp":
+        if read_over != "stream-protocol":
             return drop_source_connections(amqp_url, embedded_or_none, f"spark-amqp stream reader {s}")
         assert opened[-1].transport is not None
         opened[-1].transport.abort()
