@@ -1,0 +1,156 @@
+"""The queue source over AMQP 1.0 on ActiveMQ Artemis, against python-qpid-proton reading raw and Artemis's own load tool
+(``artemis perf consumer`` over AMQP), side by side on the same queue contents in one run.
+
+    tools/artemis start
+    .venv/bin/python benchmarks/artemis_source.py [--url amqp://guest:guest@127.0.0.1:5682] [--messages 200000] [--rounds 2]
+
+Each round preloads ``--messages`` x 200 B (durable) with the connector's AMQP 1.0 sender, then drains them with each
+reader in turn: the source into Spark's noop sink (a processing-time trigger: Artemis's flow frames carry no
+``available``, so no AvailableNow; the rate counts the batches' processing time, leaving out the first, as
+source_throughput.py does), proton (credit 1000, every delivery accepted as it comes) and ``artemis perf consumer``
+(Qpid JMS over AMQP, the broker's limit here: the median of the rates it prints each second). What limits the figures: broker, clients and Spark share the
+machine's 2 cores, and Artemis writes every durable message to its journal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import uuid
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+
+import pyarrow as pa
+from spark_runs import BatchLog, spark_session
+
+from spark_amqp.sink.amqp10_messages import Amqp10MessageBuilder
+from spark_amqp.sink.amqp10_publisher import Amqp10PartitionPublisher
+from spark_amqp.sink.options import parse_sink_options
+
+TOOL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "artemis")
+BODY = b"x" * 200
+
+
+def preload(url: str, queue: str, count: int) -> None:
+    opts = parse_sink_options({"uri": url, "protocol": "amqp1.0", "routingKey": queue, "maxInFlight": "2000"})
+    batches = [pa.RecordBatch.from_pydict({"body": [BODY] * min(50_000, count - i)}) for i in range(0, count, 50_000)]
+    asyncio.run(Amqp10PartitionPublisher(opts, Amqp10MessageBuilder(opts)).publish(batches, "preload"))
+
+
+def proton_consume(url: str, queue: str, count: int) -> float:
+    from proton.handlers import MessagingHandler
+    from proton.reactor import Container
+
+    parts = urllib.parse.urlsplit(url)
+
+    class Receive(MessagingHandler):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__(prefetch=1000)
+            self.got = 0
+
+        def on_start(self, event: Any) -> None:
+            conn = event.container.connect(
+                f"{parts.hostname}:{parts.port}", user=parts.username, password=parts.password, allowed_mechs="PLAIN"
+            )
+            event.container.create_receiver(conn, queue)
+
+        def on_message(self, event: Any) -> None:
+            self.got += 1
+            if self.got == count:
+                event.receiver.close()
+                event.connection.close()
+
+    start = time.perf_counter()
+    Container(Receive()).run()
+    return count / (time.perf_counter() - start)
+
+
+def artemis_perf(url: str, queue: str, count: int) -> float:
+    parts = urllib.parse.urlsplit(url)
+    login = ["--user", parts.username or "guest", "--password", parts.password or "guest"]
+    command = [TOOL, "cli", "perf", "consumer", "--protocol", "AMQP", "--url", f"amqp://{parts.hostname}:{parts.port}", *login]
+    out = subprocess.run(
+        [*command, "--message-count", str(count), "--silent", f"queue://{queue}"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    ).stdout
+    # It reports what it received each second; the median of those seconds (a last, partial second left out).
+    found = [float(v) for v in re.findall(r"received:\s+(\d+) msg/sec", out)]
+    steady = [v for v in found[:-1] if v > 0] or [v for v in found if v > 0]
+    if not steady:
+        raise RuntimeError(f"artemis perf consumer printed no rate:\n{out[-2000:]}")
+    return statistics.median(steady)
+
+
+def source_noop(spark: Any, url: str, queue: str, count: int, workdir: str) -> float:
+    """The source into noop until ``count`` rows: the steady rate (rows over processing time, the first batch left out)."""
+    run = uuid.uuid4().hex[:8]
+    reader = spark.readStream.format("amqp").option("uri", url).option("protocol", "amqp1.0").option("queue", queue)
+    writer = reader.load().writeStream.format("noop").option("checkpointLocation", os.path.join(workdir, f"ckpt-{run}"))
+    query = writer.trigger(processingTime="0 seconds").start()
+    log = BatchLog(query)
+    deadline = time.monotonic() + 900
+    while log.rows < count and query.isActive and time.monotonic() < deadline:
+        time.sleep(0.2)  # a benchmark's poll of the progress, not a test's wait
+    query.stop()
+    query.awaitTermination()
+    if query.exception() is not None:
+        raise RuntimeError(query.exception())
+    if log.rows < count:
+        raise RuntimeError(f"the source read {log.rows} of {count}")
+    steady = log.batches[1:]
+    return sum(b[0] for b in steady) / sum(b[1] for b in steady)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--url", default=os.environ.get("AMQP_TEST_ARTEMIS_URL", "amqp://guest:guest@127.0.0.1:5682"))
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    spark = spark_session("spark-amqp Artemis benchmark")
+    workdir = tempfile.mkdtemp(prefix="amqp-artemis-bench-")
+    queue = f"bench-artemis-{uuid.uuid4().hex[:6]}"
+    rates: dict[str, list[float]] = {"source -> noop": [], "proton": [], "artemis perf consumer": []}
+    try:
+        print(
+            f"{args.messages} x {len(BODY)} B on ActiveMQ Artemis at {urllib.parse.urlsplit(args.url).netloc.split('@')[-1]}; load average {os.getloadavg()[0]:.2f}"
+        )
+        preload(args.url, queue, 20_000)  # warm up the JVM and the Python workers; not measured
+        source_noop(spark, args.url, queue, 20_000, workdir)
+        for round_ in range(args.rounds):
+            for name in rates:
+                preload(args.url, queue, args.messages)
+                if name == "source -> noop":
+                    rate = source_noop(spark, args.url, queue, args.messages, workdir)
+                elif name == "proton":
+                    rate = proton_consume(args.url, queue, args.messages)
+                else:
+                    rate = artemis_perf(args.url, queue, args.messages)
+                rates[name].append(rate)
+                print(f"round {round_ + 1}: {name:22s} {rate:9,.0f} msg/s", flush=True)
+        medians = {k: statistics.median(v) for k, v in rates.items()}
+        print(
+            f"source over AMQP 1.0 -> noop: {medians['source -> noop']:,.0f} msg/s = "
+            f"{medians['source -> noop'] / medians['proton']:.2f}x proton ({medians['proton']:,.0f}), "
+            f"{medians['source -> noop'] / medians['artemis perf consumer']:.2f}x artemis perf consumer "
+            f"({medians['artemis perf consumer']:,.0f}; medians of {args.rounds})"
+        )
+    finally:
+        spark.stop()
+
+
+if __name__ == "__main__":
+    main()
