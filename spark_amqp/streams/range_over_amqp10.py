@@ -27,6 +27,8 @@ from .ranges import StreamRange
 __all__ = ["Amqp10RangeReader"]
 
 _OFFSET = b"x-stream-offset"
+_OFFSET_KEY = b"\xa3\x0f" + _OFFSET  # the annotation's key: a symbol of 15 bytes
+_WIDTHS = {0x81: 8, 0x80: 8, 0x55: 1, 0x53: 1, 0x44: 0}  # long, ulong, small long, small ulong, ulong 0: value bytes
 
 
 class Amqp10RangeReader(AmqpRangeReader):
@@ -114,7 +116,7 @@ class Amqp10RangeReader(AmqpRangeReader):
         if receiver.credit * 2 < self.window:
             self._settle(receiver)
             receiver.grant(self.window)
-        offset = _stream_offset(message)
+        offset, message = _stream_offset(message)
         if offset is None:
             self.failure = AmqpSourceError(f"'{self.part.stream}' sent a message without x-stream-offset: it is not a stream")
             self.arrived.set()
@@ -126,9 +128,20 @@ class Amqp10RangeReader(AmqpRangeReader):
         self.arrived.set()
 
 
-def _stream_offset(message: bytes) -> int | None:
-    """The ``x-stream-offset`` annotation RabbitMQ puts on each delivery from a stream."""
-    if _OFFSET not in message[:512]:
-        return None
-    value = sections(message).annotations.get("x-stream-offset")
-    return value if isinstance(value, int) else None
+def _stream_offset(message: bytes) -> tuple[int | None, bytes]:
+    """The ``x-stream-offset`` annotation RabbitMQ puts on each delivery from a stream, and the message with that
+    annotation's value zeroed: the sections before the body are then the same from message to message (as they are
+    read over the stream protocol), and ``RowMaker`` decodes them once. Read where it stands when it is a long or a
+    ulong of any width; another encoding by decoding the sections (the message as it is)."""
+    at = message.find(_OFFSET_KEY, 0, 1024)
+    if at >= 0:
+        at += len(_OFFSET_KEY)
+        kind = message[at]
+        width = _WIDTHS.get(kind)
+        if width is not None:
+            value = int.from_bytes(message[at + 1 : at + 1 + width], "big", signed=kind in (0x81, 0x55))
+            return value, message[: at + 1] + bytes(width) + message[at + 1 + width :]
+    if _OFFSET not in message[:1024]:
+        return None, message
+    found = sections(message).annotations.get("x-stream-offset")
+    return (found if isinstance(found, int) else None), message
