@@ -21,7 +21,7 @@ from spark_amqp.streams.planner import StreamPlanner
 from spark_amqp.streams.ranges import StreamRange
 
 from ..broker.helpers import wait_for
-from ..brokers import STREAM_URLS, version
+from ..brokers import REAL, STREAM_URLS, version
 from ..streams.helpers import add_partition, declare_stream, offsets_and_ids, options, publish, super_stream
 
 pytestmark = [pytest.mark.spark, pytest.mark.streams]
@@ -196,8 +196,9 @@ def test_a_super_stream_written_by_key_and_read_back_filtered(spark, amqp_url: s
 
 @pytest.mark.pinned  # nothing here differs between PySpark lines (CI time)
 def test_a_checkpoint_written_over_one_protocol_is_read_over_the_other(spark, amqp_url: str, names, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """The same offsets over AMQP 0-9-1 and over the stream protocol: a query moves from one to the other
-    on its checkpoint and reads every message once; spark.read over the stream protocol reads its bounds."""
+    """The same offsets over AMQP 0-9-1, over the stream protocol and (RabbitMQ 4.x) over AMQP 1.0: a query moves
+    from one to the next on its checkpoint and reads every message once; spark.read over the stream protocol reads
+    its bounds."""
     stream_url = STREAM_URLS.get(amqp_url)
     if stream_url is None:
         pytest.skip("this broker's stream protocol port is not known (AMQP_TEST_STREAM_BROKERS)")
@@ -205,8 +206,8 @@ def test_a_checkpoint_written_over_one_protocol_is_read_over_the_other(spark, am
     declare_stream(amqp_url, s)
     out, checkpoint = tmp_path / "out", tmp_path / "c"
 
-    def run(uri: str) -> None:
-        df = spark.readStream.format("amqp").option("uri", uri).option("stream", s).option("numPartitions", "2").load()
+    def run(uri: str, **extra: str) -> None:
+        df = spark.readStream.format("amqp").option("uri", uri).option("stream", s).option("numPartitions", "2").options(**extra).load()
         query = df.select("offset", "message_id", "body").writeStream.format("parquet").option("path", str(out))
         query = query.option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
         assert query.awaitTermination(240)
@@ -216,10 +217,15 @@ def test_a_checkpoint_written_over_one_protocol_is_read_over_the_other(spark, am
     run(amqp_url)
     publish(amqp_url, s, 2000, 2000)
     run(stream_url)
+    total = 4000
+    if any(b.url == amqp_url for b in REAL) and version(amqp_url) >= (4, 0):  # on over AMQP 1.0 (RabbitMQ 4.x; not the embedded broker)
+        publish(amqp_url, s, 4000, 2000)
+        run(amqp_url, protocol="amqp1.0")
+        total = 6000
     rows = pa.concat_tables([pq.read_table(f) for f in glob.glob(f"{out}/*.parquet")]).to_pylist()
-    assert sorted((r["offset"], r["message_id"], r["body"]) for r in rows) == [(i, f"m{i}", f"b{i}".encode()) for i in range(4000)]
+    assert sorted((r["offset"], r["message_id"], r["body"]) for r in rows) == [(i, f"m{i}", f"b{i}".encode()) for i in range(total)]
     logged = sorted((checkpoint / "offsets").glob("[0-9]*"), key=lambda p: int(p.name))
-    assert json.loads(logged[-1].read_text().splitlines()[-1]) == {s: [4000, mark_of(b"b3999")]}
+    assert json.loads(logged[-1].read_text().splitlines()[-1]) == {s: [total, mark_of(f"b{total - 1}".encode())]}
     bounded = spark.read.format("amqp").option("uri", stream_url).option("stream", s)
     bounded = bounded.option("startingOffsets", json.dumps({s: 100})).option("endingOffsets", json.dumps({s: 250})).load()
     assert sorted(r["offset"] for r in bounded.select("offset").collect()) == list(range(100, 250))
