@@ -69,6 +69,11 @@ class Receiver(Link):
         self.available: int | None = None  # what the source holds beyond this link's credit, as the broker last said
         self._echoes: list[asyncio.Future[int | None]] = []
 
+    @property
+    def echoing(self) -> bool:
+        """An echo is waiting for the broker's answer."""
+        return any(not w.done() for w in self._echoes)
+
     def grant(self, credit: int, drain: bool = False, echo: bool = False) -> None:
         """Sets the link's credit to ``credit`` (AMQP 1.0 credit is set, not added)."""
         self.credit = credit

@@ -104,7 +104,9 @@ class Amqp10Session(IoSession):
         self._call(self._resume, timeout)
 
     def ready_counts(self, timeout: float) -> dict[str, int]:
-        """Messages ready on the broker per queue: the ``available`` each link's echoed flow reports."""
+        """Messages ready on the broker per queue: the ``available`` each link's last flow from the broker reported.
+        An echo asks for fresh ones, for the next call: its answer queues behind the transfers the broker already
+        sent (up to the prefetch window), and waiting for it held each batch's planning up by 0.7 s (measured)."""
         return self._call(self._ready_counts, timeout)
 
     # -- I/O thread -------------------------------------------------------------
@@ -281,12 +283,20 @@ class Amqp10Session(IoSession):
 
     async def _ready_counts(self) -> dict[str, int]:
         attached = self._attached()
-        available = await asyncio.gather(*(receiver.echo() for _, receiver in attached))
-        counts = {link.queue: n for (link, _), n in zip(attached, available, strict=True)}
+        for _, receiver in attached:
+            if not receiver.echoing:
+                self._background(self._echo(receiver))
+        counts = {link.queue: receiver.available for link, receiver in attached}
         missing = [q for q in self.options.queues if counts.get(q) is None]
         if missing:
-            raise AmqpSourceError(f"{self.options.connection.display_uri} did not say how many messages queue '{missing[0]}' holds")
+            raise AmqpSourceError(f"{self.options.connection.display_uri} has not said yet how many messages queue '{missing[0]}' holds")
         return {q: int(counts[q] or 0) for q in self.options.queues}
+
+    async def _echo(self, receiver: Receiver) -> None:
+        try:
+            await receiver.echo()
+        except AmqpProtocolError:
+            pass  # the link went: it is attached again, and asked again
 
     async def _stop(self) -> None:
         client = self._client
