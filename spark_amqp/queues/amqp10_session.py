@@ -284,7 +284,8 @@ class Amqp10Session(IoSession):
     async def _ready_counts(self) -> dict[str, int]:
         attached = self._attached()
         for _, receiver in attached:
-            if not receiver.echoing:
+            # Only RabbitMQ reports available; elsewhere an echo is a probe link's attach, every call, for nothing.
+            if receiver.client.rabbitmq and not receiver.echoing:
                 self._background(self._echo(receiver))
         counts = {link.queue: receiver.available for link, receiver in attached}
         missing = [q for q in self.options.queues if counts.get(q) is None]
