@@ -63,6 +63,10 @@ class RangeReader:
         self.broker_filter = filtering.consumer_arguments(options)
         self.widened = False  # the broker's filter takes the range's last message in too
         self.widen_due = False
+        # The rows the caller asked for. Credit goes back only while fewer are held (``full``), and the rest when
+        # the caller asks again (``_refill``): every await in the loop (a check, a reconnect) reads on, and a
+        # task's memory must not grow to the whole range while Spark has not taken the rows.
+        self.limit = 1
 
     @property
     def exhausted(self) -> bool:
@@ -91,8 +95,18 @@ class RangeReader:
     async def _unseen(self, start: int, stop: int) -> None:
         """Offsets ``start`` to ``stop - 1`` the stream still holds did not come: a reader that can tell why checks here."""
 
+    @property
+    def full(self) -> bool:
+        """Rows enough for the caller: credit the broker uses up now is given back in ``_refill``."""
+        return len(self.rows) >= self.limit
+
+    def _refill(self) -> None:
+        """Give back the credit held back while ``full``."""
+
     async def next_rows(self, limit: int) -> list[Row]:
         timeout = self.options.connection.connection_timeout
+        self.limit = limit
+        self._refill()
         while self.gaps or (len(self.rows) < limit and not self.done):
             try:
                 if self.client is None:

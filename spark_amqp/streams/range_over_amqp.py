@@ -35,6 +35,7 @@ class AmqpRangeReader(RangeReader):
         super().__init__(options, part)
         self.channel: ClientChannel | None = None
         self.unacked = 0
+        self.last_tag = 0
         self.credit = max(1, min(options.prefetch, part.size))
         # RabbitMQ does not deliver compressed sub-entries over AMQP 0-9-1: offsets that do not come are checked.
         self.compressed = CompressedCheck(options.connection)
@@ -88,6 +89,11 @@ class AmqpRangeReader(RangeReader):
             self.failure = reason
             self.arrived.set()
 
+    def _refill(self) -> None:
+        if self.unacked and self.channel is not None:  # None: closing, credit no longer needed
+            self.channel.ack(self.last_tag, True)
+            self.unacked = 0
+
     def _on_delivery(self, tag: int, redelivered: bool, exchange: str, routing_key: str, props: Any, body: bytes) -> None:
         if self.done or self.failure is not None:
             return
@@ -97,9 +103,9 @@ class AmqpRangeReader(RangeReader):
             self.arrived.set()
             return
         self.unacked += 1
-        if self.unacked * ACK_SHARE >= self.credit and self.channel is not None:  # None: closing, credit no longer needed
-            self.channel.ack(tag, True)
-            self.unacked = 0
+        self.last_tag = tag
+        if self.unacked * ACK_SHARE >= self.credit and not self.full:
+            self._refill()
         if self._offered(offset) and (self.row_filter is None or self.row_filter.keeps(props)):
             self.rows.append((body, self.part.stream, exchange, routing_key, offset, props))
         self.arrived.set()

@@ -107,15 +107,20 @@ class Amqp10RangeReader(AmqpRangeReader):
             receiver.settle(*self._unsettled, Outcome.ACCEPTED)
             self._unsettled = None
 
+    def _refill(self) -> None:
+        receiver = self.receiver
+        if receiver is not None and receiver.credit * 2 < self.window and not receiver.closed.done():
+            self._settle(receiver)
+            receiver.grant(self.window)
+
     def _on_transfer(self, delivery_id: int, message: bytes) -> None:
         receiver = self.receiver
         if self.done or self.failure is not None or receiver is None:
             return
         first = delivery_id if self._unsettled is None or delivery_id < self._unsettled[0] else self._unsettled[0]
         self._unsettled = (first, delivery_id)
-        if receiver.credit * 2 < self.window:
-            self._settle(receiver)
-            receiver.grant(self.window)
+        if not self.full:
+            self._refill()
         offset, message = _stream_offset(message)
         if offset is None:
             self.failure = AmqpSourceError(f"'{self.part.stream}' sent a message without x-stream-offset: it is not a stream")

@@ -50,6 +50,7 @@ class ProtocolRangeReader(RangeReader):
     def __init__(self, options: StreamSourceOptions, part: StreamRange) -> None:
         super().__init__(options, part)
         self.sub = -1
+        self.owed = 0  # chunks of credit held back while full
         self.maker: RowMaker | None = None
 
     async def _connect(self) -> None:
@@ -64,7 +65,7 @@ class ProtocolRangeReader(RangeReader):
 
     async def _subscribe(self) -> None:
         client: StreamClient = self.client
-        self.failure = None
+        self.failure, self.owed = None, 0
         self.sub = free_subscription(client)
         self.subscribed = True
         properties = subscription_properties(self.broker_filter)
@@ -123,5 +124,11 @@ class ProtocolRangeReader(RangeReader):
         self.arrived.set()
 
     def _credit(self) -> None:
-        if self.client is not None and self.subscribed:
-            self.client.credit(self.sub, 1)
+        self.owed += 1
+        if not self.full:
+            self._refill()
+
+    def _refill(self) -> None:
+        if self.owed and self.client is not None and self.subscribed:
+            self.client.credit(self.sub, self.owed)
+            self.owed = 0

@@ -15,18 +15,22 @@ from .range_over_amqp10 import Amqp10RangeReader
 from .range_over_protocol import ProtocolRangeReader
 from .ranges import StreamRange
 
-__all__ = ["ACK_SHARE", "BATCH_ROWS", "read_range"]
+__all__ = ["ACK_SHARE", "BATCH_ROWS", "read_range", "reader_for"]
 
 BATCH_ROWS = 10_000
+
+
+def reader_for(options: StreamSourceOptions, part: StreamRange) -> RangeReader:
+    """The range's reader over the protocol the options name."""
+    connection = options.connection
+    kind = ProtocolRangeReader if connection.stream_protocol else Amqp10RangeReader if connection.amqp10 else AmqpRangeReader
+    return kind(options, part)
 
 
 def read_range(options: StreamSourceOptions, part: StreamRange, batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
     """Arrow record batches of the range's messages, in offset order."""
     loop = asyncio.new_event_loop()
-    kind = (
-        ProtocolRangeReader if options.connection.stream_protocol else Amqp10RangeReader if options.connection.amqp10 else AmqpRangeReader
-    )
-    reader: RangeReader = kind(options, part)
+    reader = reader_for(options, part)
     try:
         while not reader.exhausted:
             rows = loop.run_until_complete(reader.next_rows(batch_rows))

@@ -6,6 +6,7 @@ reader does are marked ``amqp_only``."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 import json
@@ -19,7 +20,7 @@ from spark_amqp.streams import probe
 from spark_amqp.streams.offset import UNSET, StreamOffset
 from spark_amqp.streams.options import parse_stream_options
 from spark_amqp.streams.planner import StreamPlanner
-from spark_amqp.streams.range_reader import read_range
+from spark_amqp.streams.range_reader import read_range, reader_for
 from spark_amqp.streams.ranges import StreamRange
 
 from ..broker.helpers import wait_for
@@ -480,6 +481,27 @@ def test_retention_under_a_reader_that_fell_behind_fails_or_is_skipped(
         # (It failed twice on 3.10 under the full parallel run with nothing logged: say what was read.)
         assert "to 199" in caplog.text and "skipped (failOnDataLoss=false)" in caplog.text, (got[:20], got[-20:], len(got))
     assert got == sorted(set(got)) and got[-1] < 199  # in order, and retention took the range's end
+
+
+def test_a_reader_holds_no_more_than_its_credit_past_the_rows_asked_for(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
+    # The loop runs on between two asks whenever the reader awaits something else (a gap check, a reconnect):
+    # what the broker sends meanwhile is held in memory. Credit held back while the rows asked for are there
+    # bounds it; given back, the range still comes whole and in order.
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    publish(amqp_url, s, 0, 2000, size=100)
+    reader = reader_for(options(amqp_url, s, prefetch="10"), StreamRange(s, 0, 2000))
+    loop = asyncio.new_event_loop()
+    try:
+        got = [r[4] for r in loop.run_until_complete(reader.next_rows(5))]
+        loop.run_until_complete(asyncio.sleep(1))  # time for the broker to send the whole range, were it let
+        assert len(got) + len(reader.rows) < 1000, len(got) + len(reader.rows)
+        while not reader.exhausted:
+            got += [r[4] for r in loop.run_until_complete(reader.next_rows(300))]
+        assert got == list(range(2000))
+    finally:
+        loop.run_until_complete(reader.close())
+        loop.close()
 
 
 def test_a_range_starting_on_the_oldest_segments_tracking_chunk_is_not_data_loss(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
