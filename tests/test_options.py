@@ -218,6 +218,58 @@ def test_stream_filter_options() -> None:
         parse_stream_options({**base, "filter": "eu", "filterMatchUnfiltered": "yes please"})
 
 
+@pytest.mark.parametrize(
+    ("given", "error"),
+    [
+        ({"filterSql": "a = 1"}, r"option 'filterSql' is a filter RabbitMQ evaluates for AMQP 1.0 consumers only: set option 'protocol'"),
+        ({"protocol": "amqp1.0", "filterSql": " "}, r"option 'filterSql' is empty"),
+        (
+            {"protocol": "amqp1.0", "filterSql": "a = 1", "filterApplicationProperties": '{"a": 1}'},
+            r"option 'filterSql' excludes option 'filterApplicationProperties'",
+        ),
+        (
+            {"protocol": "amqp1.0", "filterProperties": '{"colour": "red"}'},
+            r"'colour' is not an AMQP 1.0 property; the properties are message-id",
+        ),
+        (
+            {"protocol": "amqp1.0", "filterProperties": '{"creation-time": "today"}'},
+            r"'creation-time' must be a non-negative integer \(milli",
+        ),
+        ({"protocol": "amqp1.0", "filterProperties": '{"subject": true}'}, r"'subject' must be a string or an integer, got true"),
+        ({"protocol": "amqp1.0", "filterApplicationProperties": '{"a": [1]}'}, r"'a' must be a string, a number, true or false, got \[1\]"),
+        ({"protocol": "amqp1.0", "filterProperties": "[1]"}, r"option 'filterProperties' must be a JSON object, got list"),
+    ],
+)
+def test_stream_filter_expression_options_are_checked_up_front(given: dict[str, str], error: str) -> None:
+    from spark_amqp.streams.options import parse_stream_options
+
+    with pytest.raises(AmqpOptionError, match=error):
+        parse_stream_options({"uri": "amqp://h", "stream": "s", **given})
+
+
+def test_stream_filter_expressions_on_the_wire() -> None:
+    from spark_amqp.amqp10.types import Described, Timestamp, UInt
+    from spark_amqp.streams.options import parse_stream_options
+
+    opts = parse_stream_options(
+        {
+            "uri": "amqp://h",
+            "stream": "s",
+            "protocol": "amqp1.0",
+            "filterProperties": '{"subject": "&p:eu", "creation-time": 5, "group-sequence": 7}',
+            "filterApplicationProperties": '{"region": "eu", "n": 2}',
+        }
+    )
+    filters = opts.expression.source_filters()
+    props = filters["amqp:properties-filter"]
+    assert isinstance(props, Described) and props.descriptor == "amqp:properties-filter"
+    assert props.value == {"subject": "&p:eu", "creation-time": 5, "group-sequence": 7}
+    assert isinstance(props.value["creation-time"], Timestamp) and isinstance(props.value["group-sequence"], UInt)
+    assert filters["amqp:application-properties-filter"] == Described("amqp:application-properties-filter", {"region": "eu", "n": 2})
+    sql = parse_stream_options({"uri": "amqp://h", "stream": "s", "protocol": "amqp1.0", "filterSql": "p.subject = 'x'"})
+    assert sql.expression.source_filters() == {"sql-filter": Described("amqp:sql-filter", "p.subject = 'x'")}
+
+
 def test_sink_super_stream_and_filter_column_options() -> None:
     from spark_amqp.sink.options import parse_sink_options
 

@@ -68,6 +68,7 @@ class Receiver(Link):
         self._partial: list[bytes] = []
         self.available: int | None = None  # what the source holds beyond this link's credit, as the broker last said
         self._echoes: list[asyncio.Future[int | None]] = []
+        self._drains: list[asyncio.Future[bool]] = []
 
     @property
     def echoing(self) -> bool:
@@ -105,9 +106,31 @@ class Receiver(Link):
             raise self.closed.result() or AmqpProtocolError(f"the link to '{self.address}' ended")
         raise AmqpProtocolError(f"no answer to a flow on '{self.address}' within connectionTimeout")
 
+    async def drain(self) -> bool:
+        """Asks the broker to use the link's credit up now, and waits for its answer: whether it ran out of messages
+        (it then advanced delivery-count over the credit left). RabbitMQ answers a stream link's drain once it has read
+        to the stream's end, or used the credit up."""
+        waiter: asyncio.Future[bool] = self.client.loop.create_future()
+        self._drains.append(waiter)
+        self.client.flow(self, self.credit, True)
+        done, _ = await asyncio.wait(
+            (waiter, self.closed), timeout=self.client.options.connection_timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+        if waiter in done:
+            return waiter.result()
+        waiter.cancel()
+        if self.closed.done():
+            raise self.closed.result() or AmqpProtocolError(f"the link to '{self.address}' ended")
+        raise AmqpProtocolError(f"no answer to a drain on '{self.address}' within connectionTimeout")
+
     def _flow(self, delivery_count: int | None, credit: int, available: int | None) -> None:
-        if credit == 0 and self.credit:
-            self.credit = 0  # a drain that ran out: the broker advanced delivery-count over the rest
+        if credit == 0:
+            ran_out = bool(self.credit)  # the broker advanced delivery-count over the rest: nothing more to send
+            self.credit = 0
+            drains, self._drains = self._drains, []
+            for drained in drains:
+                if not drained.done():
+                    drained.set_result(ran_out)
         if delivery_count is not None:
             self.delivery_count = delivery_count
         self.available = available

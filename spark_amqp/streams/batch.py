@@ -23,6 +23,7 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from ..client.blocking import BlockingClient
 from ..errors import AmqpOptionError
+from . import expression_filters
 from .access import BrokerAccess, access_for
 from .options import At, End, Start, StreamSourceOptions
 from .range_reader import read_range
@@ -63,6 +64,8 @@ def resolve_bounds(options: StreamSourceOptions) -> tuple[dict[str, int], dict[s
         client.run(lambda c: access.require(c, options), reading)
         name = options.discover
         streams = options.streams if name is None else client.run(lambda c: access.partitions_of(c, name), f"super stream '{name}'")
+        if streams:
+            client.run(lambda c: expression_filters.require(options.expression, options.connection, streams[0]), reading)
         for stream in streams:
             start, end = options.start_of(stream), options.end_of(stream)
             latest, start_at, end_at = client.run(_asker(access, stream, start, end), f"stream '{stream}'")

@@ -19,6 +19,8 @@ from ..option_reader import OptionReader, keyed
 from ..rabbitmq import MAX_PREFETCH
 from ..reading.trigger import TRIGGER_KEYS, TriggerOptions, parse_trigger
 from ..transport.options import CONNECTION_KEYS, ConnectionOptions, parse_connection
+from . import expression_filters
+from .expression_filters import NO_EXPRESSION, ExpressionFilter
 
 __all__ = ["STARTS", "At", "End", "Start", "StreamSourceOptions", "is_stream_mode", "parse_stream_options"]
 
@@ -54,6 +56,9 @@ STREAM_KEYS = CONNECTION_KEYS | keyed(
     "prefetch",
     "filter",
     "filterMatchUnfiltered",
+    "filterProperties",
+    "filterApplicationProperties",
+    "filterSql",
     "streamPort",
 )
 # Queue-mode options, with why they do not apply to streams.
@@ -93,6 +98,8 @@ class StreamSourceOptions:
     # without one are kept too; empty: no filter
     filter: tuple[str, ...] = ()
     match_unfiltered: bool = False
+    # filter expressions RabbitMQ evaluates for AMQP 1.0 consumers (4.1+: properties, 4.2+: SQL)
+    expression: ExpressionFilter = NO_EXPRESSION
 
     def start_of(self, stream: str) -> Start:
         return dict(self.starting).get(stream, self.starting_all)
@@ -143,6 +150,7 @@ def parse_stream_options(options: Mapping[str, str]) -> StreamSourceOptions:
         prefetch=r.integer("prefetch", DEFAULT_STREAM_PREFETCH, 1, MAX_PREFETCH) or DEFAULT_STREAM_PREFETCH,
         filter=_filter(r),
         match_unfiltered=r.boolean("filterMatchUnfiltered", False),
+        expression=expression_filters.parse(r, connection),
     )
 
 

@@ -18,6 +18,7 @@ from ..errors import AmqpOptionError, AmqpSourceError, BrokerUnreachable
 from ..reading.admission import Admission
 from ..transport.backoff import Backoff
 from ..transport.outage import Outage
+from . import expression_filters
 from .access import access_for
 from .identity import Identities
 from .offset import UNSET, StreamOffset
@@ -50,6 +51,7 @@ class StreamPlanner:
         self.identities = Identities(self.client, self.access, self.tails, options.fail_on_data_loss)
         self._dropped: set[str] = set()  # streams of the checkpoint no longer read, already reported
         self._known: dict[str, int] | None = None  # the last ends measured
+        self._expression_checked = False  # the broker took the filter expressions (checked once, by the first planning)
         self._backoff = Backoff()
         self._retry_at = 0.0
         self.outage = Outage(options.connection.outage_timeout, options.connection.display_uri)
@@ -247,6 +249,9 @@ class StreamPlanner:
 
     async def _ends_of(self, client: Any, streams: tuple[str, ...]) -> dict[str, int]:
         await self.access.require(client, self.options)  # here, where the user sees it (see __init__)
+        if not self._expression_checked and streams:
+            await expression_filters.require(self.options.expression, self.options.connection, streams[0])
+            self._expression_checked = True
         return await self.tails.ends_of(client, streams)
 
     def _fixed_start(self, stream: str, end: int, moving: bool = False) -> int:

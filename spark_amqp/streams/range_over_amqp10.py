@@ -20,7 +20,9 @@ from ..amqp10_client.management import queue_info
 from ..errors import AmqpSourceError, ConnectionLost
 from ..reading.stream_consumers import not_a_stream
 from ..stream_protocol.rows import Conversion, RowMaker
+from . import expression_filters
 from .options import StreamSourceOptions
+from .range_base import FILTER_IDLE
 from .range_over_amqp import AmqpRangeReader
 from .ranges import StreamRange
 
@@ -42,6 +44,7 @@ class Amqp10RangeReader(AmqpRangeReader):
         self.window = max(1, min(options.prefetch, part.size))
         self.rows_of: RowMaker | None = None
         self._unsettled: tuple[int, int] | None = None  # (first, last) delivery ids not yet settled
+        self.expression = options.expression
 
     async def _connect(self) -> None:
         # The checks on jumps and silences ask over AMQP 0-9-1 (``self.client``), on the same port on RabbitMQ 4.
@@ -71,8 +74,15 @@ class Amqp10RangeReader(AmqpRangeReader):
         for argument, value in self.broker_filter.items():
             name = "rabbitmq:" + argument.removeprefix("x-")  # x-stream-filter, x-stream-match-unfiltered
             filters[Symbol(name)] = Described(Symbol(name), value)
+        filters.update(self.expression.source_filters())
         receiver = self.receiver = await client.receiver(client.queue_address(self.part.stream), self._on_transfer, filters)
         receiver.closed.add_done_callback(self._on_closed)
+        if self.expression:
+            refusal = expression_filters.refused(
+                self.expression, receiver.attached.result(), self.options.connection, client.server_version
+            )
+            if refusal is not None:
+                raise refusal
         self.subscribed = True
         receiver.grant(self.window)
 
@@ -106,6 +116,34 @@ class Amqp10RangeReader(AmqpRangeReader):
         if self._unsettled is not None:
             receiver.settle(*self._unsettled, Outcome.ACCEPTED)
             self._unsettled = None
+
+    # With filter expressions, the offsets that do not match never come: a range ends when a drain says the stream has
+    # nothing more (see expression_filters). Jumps are what the filter left out; retention is still checked on them.
+
+    @property
+    def _may_widen(self) -> bool:
+        return not self.expression and super()._may_widen
+
+    def _patience(self, timeout: float) -> float:
+        return FILTER_IDLE if self.expression else super()._patience(timeout)
+
+    async def _silent_a_while(self) -> bool:
+        receiver = self.receiver
+        if not self.expression or receiver is None:
+            return await super()._silent_a_while()
+        if await receiver.drain():
+            last = await self.access.tail(self.client, self.part.stream)
+            if (0 if last is None else last[0] + 1) < self.part.end:
+                return False  # the stream is shorter than when this range was planned: _silent says why
+            self.done = True
+        elif not self.full:
+            self._refill()
+        self.arrived.set()
+        return True
+
+    async def _unseen(self, start: int, stop: int) -> None:
+        if not self.expression:  # else what the filter left out (and a compressed sub-entry cannot be told from it)
+            await super()._unseen(start, stop)
 
     def _refill(self) -> None:
         receiver = self.receiver
