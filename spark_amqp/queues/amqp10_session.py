@@ -17,6 +17,7 @@ from collections import deque
 from typing import Any
 
 from ..amqp10.performatives import Outcome
+from ..amqp10.types import Symbol
 from ..amqp10_client import Amqp10Client
 from ..amqp10_client.links import Receiver
 from ..amqp10_client.management import bind, declare_queue, queue_info
@@ -95,6 +96,14 @@ class Amqp10Session(IoSession):
         loop = self._loop
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(self._ack, session, multiple, singles, ack_round)
+
+    def dead_letter(self, settlements: list[tuple[str, int, str]]) -> None:
+        """Settle each (session, tag, reason) ``modified`` as undeliverable here: RabbitMQ dead-letters the message (drops
+        it, where the queue has no dead-letter exchange), annotated ``x-opt-spark-amqp-reason``. A link already gone gave
+        it back to the queue: it comes again, and is dead-lettered then."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._dead_letter, settlements)
 
     def pause(self, timeout: float = 10.0) -> None:
         """Take every link's credit away and wait for the broker's answer: after this, nothing more arrives."""
@@ -252,6 +261,16 @@ class Amqp10Session(IoSession):
             _settle(receiver, first, last, Outcome.ACCEPTED)
         self._top_up(link, receiver)
         self._background(self._prove(link, receiver, ack_round))
+
+    def _dead_letter(self, settlements: list[tuple[str, int, str]]) -> None:
+        for session, tag, why in settlements:
+            link = self._links.get(session)
+            receiver = link.receiver if link is not None else None
+            if link is None or receiver is None or receiver.closed.done():
+                continue
+            link.single(tag)
+            _settle(receiver, tag, tag, Outcome.modified(True, True, {Symbol("x-opt-spark-amqp-reason"): why}))
+            self._top_up(link, receiver)
 
     def _top_up(self, link: _Link, receiver: Receiver) -> None:
         """Credit up to what the prefetch window leaves, once at least a quarter of it is free (a flow a delivery costs)."""

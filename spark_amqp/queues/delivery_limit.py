@@ -5,7 +5,9 @@ than its ``delivery-limit`` times, 20 by default, and stamps each return in the
 message's ``x-delivery-count``. Without a journal the source holds a batch's
 messages unacknowledged until Spark commits it, so every failure, restart or
 lost connection of the query returns them once more: the guard warns from the
-second return on and fails the query at ``maxDeliveryCount``.
+second return on and fails the query at ``maxDeliveryCount``, or, with ``onDeliveryLimit=deadLetter`` (over AMQP
+1.0), dead-letters what reached it and reads on: the ``modified`` outcome with ``undeliverable-here`` makes RabbitMQ
+dead-letter the message, and its ``x-opt-spark-amqp-reason`` annotation says why.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ class DeliveryLimitGuard:
                 "failure, restart or lost connection returns them once more. Stopped before the broker drops any: fix what "
                 "makes the query restart, then set journalLocation (the journal keeps returned messages itself), or give the "
                 "queue a dead-letter exchange or a higher delivery-limit (policy keys dead-letter-exchange, delivery-limit), "
-                f"or raise maxDeliveryCount (now {limit}; 0 reads on regardless)"
+                f"or raise maxDeliveryCount (now {limit}; 0 reads on regardless), or dead-letter such messages and read on "
+                "(onDeliveryLimit=deadLetter, over AMQP 1.0)"
             )
         if count >= WARN_RETURNS and count > self.warned:
             self.warned = count
@@ -60,3 +63,15 @@ class DeliveryLimitGuard:
                 limit or "no limit (maxDeliveryCount=0)",
             )
         return None
+
+
+def over_limit(entries: Iterable[Entry], limit: int) -> list[Entry]:
+    return [e for e in entries if returns(e.delivery) >= limit]
+
+
+def reason(entry: Entry, limit: int) -> str:
+    """What the dead-lettered message carries as ``x-opt-spark-amqp-reason``."""
+    return (
+        f"returned {returns(entry.delivery)} times (x-delivery-count) to the spark-amqp query reading queue "
+        f"'{entry.delivery.queue}', at or past its maxDeliveryCount {limit}: dead-lettered (onDeliveryLimit=deadLetter)"
+    )

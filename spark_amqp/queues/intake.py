@@ -17,7 +17,7 @@ from collections import deque
 from typing import Any
 
 from .inbox import AckConfirmed, Delivery, SessionClosed
-from .ledger import Entry, RedeliveryFilter, SessionLedger
+from .ledger import APART, SINGLE, Entry, RedeliveryFilter, SessionLedger
 
 log = logging.getLogger("spark_amqp.queues")
 
@@ -102,6 +102,14 @@ class Intake:
         kept = [e for e in self.buffer if keep(e)]
         self.buffer.clear()
         self.buffer.extend(kept)
+
+    def set_apart(self, entries: list[Entry]) -> None:
+        """Entries settled on their own outside any batch (dead-lettered): out of the buffer, and passed by the ack
+        frontier without being acknowledged."""
+        apart = set(entries)
+        self.keep_only(lambda e: e not in apart)
+        for entry in entries:
+            entry.owner, entry.acked = APART, SINGLE
 
     def claim(self, entries: list[Entry], owner: int) -> None:
         for entry in entries:

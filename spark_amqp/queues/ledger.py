@@ -29,6 +29,7 @@ from typing import NamedTuple
 from .inbox import Delivery
 
 UNPLANNED = -1
+APART = -2  # settled on its own outside any batch (dead-lettered): holds no ack frontier back
 PENDING, MULTI, SINGLE = 0, 1, 2  # Entry.acked: not yet, by the frontier's multi-ack, on its own
 
 

@@ -62,6 +62,9 @@ class SourceOptions:
     # Without a journal: fail when a message's x-delivery-count reaches this (0: never); None: the
     # default for the broker's line (16 on RabbitMQ 4.x, whose delivery-limit is 20 by default; off on 3.x).
     max_delivery_count: int | None = None
+    # onDeliveryLimit=deadLetter: a message at maxDeliveryCount is dead-lettered (AMQP 1.0's modified outcome, with a
+    # reason) rather than failing the query
+    dead_letter_at_limit: bool = False
 
 
 SOURCE_KEYS = CONNECTION_KEYS | keyed(
@@ -79,6 +82,7 @@ SOURCE_KEYS = CONNECTION_KEYS | keyed(
     "dedupeBy",
     "exclusiveConsumer",
     "maxDeliveryCount",
+    "onDeliveryLimit",
 )
 
 
@@ -132,6 +136,7 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
             "option 'maxDeliveryCount' only applies without 'journalLocation': with a journal, a message a quorum queue "
             "returned is journalled and acknowledged at once, so its delivery-limit cannot drop it"
         )
+    dead_letter = _on_delivery_limit(r, connection, journal is not None, max_delivery_count)
     dedupe = (r.text("dedupeBy", "messageId") or "").strip()
     if dedupe.lower() not in DEDUPE_MODES:
         raise AmqpOptionError(f"option 'dedupeBy' must be messageId or content, got {dedupe!r}")
@@ -149,4 +154,27 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         exclusive_consumer=r.boolean("exclusiveConsumer", journal is not None),
         trigger=trigger,
         max_delivery_count=max_delivery_count,
+        dead_letter_at_limit=dead_letter,
     )
+
+
+def _on_delivery_limit(r: OptionReader, connection: ConnectionOptions, journalled: bool, max_delivery_count: int | None) -> bool:
+    """Whether onDeliveryLimit asks to dead-letter a message at maxDeliveryCount (else the query fails there)."""
+    raw = (r.text("onDeliveryLimit", "fail") or "").strip()
+    if raw.lower() not in ("fail", "deadletter"):
+        raise AmqpOptionError(f"option 'onDeliveryLimit' must be fail or deadLetter, got {raw!r}")
+    if raw.lower() == "fail":
+        return False
+    if journalled:
+        raise AmqpOptionError(
+            "option 'onDeliveryLimit' only applies without 'journalLocation': with a journal, a message a quorum queue "
+            "returned is journalled and acknowledged at once, so it never reaches a limit"
+        )
+    if not connection.amqp10:
+        raise AmqpOptionError(
+            "option 'onDeliveryLimit=deadLetter' settles a message with AMQP 1.0's modified outcome, which carries the reason "
+            "to the dead-letter queue: set option 'protocol' to 'amqp1.0' (RabbitMQ 4.x)"
+        )
+    if max_delivery_count == 0:
+        raise AmqpOptionError("option 'onDeliveryLimit=deadLetter' needs a limit: maxDeliveryCount=0 sets none")
+    return True

@@ -26,7 +26,7 @@ from ..reading import arrow
 from ..reading.admission import Admission
 from .amqp10_session import Amqp10Session
 from .available_now import AvailableNow, measure_depths
-from .delivery_limit import DeliveryLimitGuard, max_returns
+from .delivery_limit import DeliveryLimitGuard, max_returns, over_limit, reason
 from .intake import Intake, returns
 from .journalled import Journalled, JournalledBatches
 from .ledger import Entry, RedeliveryFilter, SessionLedger
@@ -58,6 +58,7 @@ class SourceMetrics:
     batches: int = 0
     acks_sent: int = 0
     rescued: int = 0  # redeliveries journalled at once (with a journal)
+    dead_lettered: int = 0  # messages at maxDeliveryCount dead-lettered (onDeliveryLimit=deadLetter)
 
 
 class SourceRuntime:
@@ -252,11 +253,22 @@ class SourceRuntime:
             if self.journalled is not None:
                 self._rescue(returned)
             else:
-                version = self.session.server_version
-                failure = self.returns_guard.check(returned, max_returns(self.options.max_delivery_count, version))
-                if failure is not None:
+                limit = max_returns(self.options.max_delivery_count, self.session.server_version)
+                failure = self.returns_guard.check(returned, limit)
+                if failure is not None and isinstance(self.session, Amqp10Session) and self.options.dead_letter_at_limit:
+                    self._dead_letter(self.session, over_limit(returned, limit), limit)
+                elif failure is not None:
                     self.shutdown()  # gives the deliveries back with nacks, which RabbitMQ 4.3 does not count
                     raise failure
+
+    def _dead_letter(self, session: Amqp10Session, entries: list[Entry], limit: int) -> None:
+        self.intake.set_apart(entries)
+        if self.available_now is not None:
+            for entry in entries:
+                self.available_now.take(entry.delivery.queue)
+        session.dead_letter([(e.delivery.session, e.tag, reason(e, limit)) for e in entries])
+        self.metrics.dead_lettered += len(entries)
+        log.warning("AMQP source: %d message(s) at maxDeliveryCount dead-lettered: %s", len(entries), reason(entries[0], limit))
 
     def _rescue(self, entries: list[Entry]) -> None:
         """Redeliveries a quorum queue counts towards its delivery-limit: journalled now, acknowledged, and given

@@ -164,6 +164,53 @@ def test_a_stopped_query_releases_its_deliveries_uncounted_on_4_3(url: str, queu
     assert all(m.redelivered and p.headers == expected for m, p, _ in got), [p.headers for _, p, _ in got]
 
 
+def test_on_delivery_limit_dead_letter_settles_modified_with_a_reason_and_reads_on(url: str, queues: Any) -> None:
+    dlq = queues("classic")
+    q = queues("quorum", **{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dlq})
+    _publish_ids(url, q, 6)
+    for _ in range(3):  # each consumed and taken back with the connection: x-delivery-count 3
+        conn = pika.BlockingConnection(pika.URLParameters(url))
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=6)
+        assert len(consume_n(conn, ch, q, 6)) == 6
+        conn.close()
+    publish(url, q, [b"fresh%d" % i for i in range(4)], declare=False, message_id=lambda i: f"fresh-{i}")
+    d = _driver(url, q, maxMessagesPerTrigger=20, prefetch=40, maxDeliveryCount=3, onDeliveryLimit="deadLetter")
+    try:
+        rows = d.drain(4, timeout=30)
+        assert sorted(_ids(rows)) == [f"fresh-{i}" for i in range(4)]  # the aged ones never reach Spark
+        assert wait_for(lambda: counts(url, dlq, None)[0] == 6, timeout=15), counts(url, dlq, None)
+        assert d.runtime.metrics.dead_lettered == 6
+        d.run_batch(d.start, d.start)  # Spark commits the last batch: the fresh ones are settled
+        d.idle_until(lambda: counts(url, q, None) == (0, 0), timeout=30)
+    finally:
+        d.close()
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=6)
+    dead = consume_n(conn, ch, dlq, 6)
+    conn.close()
+    assert sorted(p.message_id for _, p, _ in dead) == [f"id-{i}" for i in range(6)]
+    for _, props, _ in dead:
+        why = props.headers["x-opt-spark-amqp-reason"]
+        assert f"returned 3 times (x-delivery-count) to the spark-amqp query reading queue '{q}'" in why, props.headers
+        assert props.headers["x-death"][0]["reason"] == "rejected"
+
+
+def test_on_delivery_limit_options() -> None:
+    base = {"uri": "amqp://h/", "queue": "q"}
+    with pytest.raises(AmqpOptionError, match=r"option 'onDeliveryLimit' must be fail or deadLetter, got 'drop'"):
+        parse_source_options({**base, "onDeliveryLimit": "drop"})
+    with pytest.raises(AmqpOptionError, match=r"modified outcome, which carries the reason .*set option 'protocol' to 'amqp1.0'"):
+        parse_source_options({**base, "onDeliveryLimit": "deadLetter"})
+    with pytest.raises(AmqpOptionError, match=r"option 'onDeliveryLimit' only applies without 'journalLocation'"):
+        parse_source_options({**base, "protocol": "amqp1.0", "onDeliveryLimit": "deadLetter", "journalLocation": "/tmp/j"})
+    with pytest.raises(AmqpOptionError, match=r"needs a limit: maxDeliveryCount=0 sets none"):
+        parse_source_options({**base, "protocol": "amqp1.0", "onDeliveryLimit": "deadLetter", "maxDeliveryCount": "0"})
+    assert parse_source_options({**base, "protocol": "amqp1.0", "onDeliveryLimit": "DeadLetter"}).dead_letter_at_limit
+    assert not parse_source_options({**base, "onDeliveryLimit": "fail"}).dead_letter_at_limit
+
+
 def test_a_dropped_connection_loses_and_duplicates_nothing(url: str, queues: Any) -> None:
     q = queues("quorum")
     _publish_ids(url, q, 60)
