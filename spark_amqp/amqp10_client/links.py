@@ -19,6 +19,14 @@ if TYPE_CHECKING:
 
 __all__ = ["DeliveryHandler", "Link", "Receiver", "Sender"]
 
+_SERIAL = 0xFFFFFFFF
+
+
+def _serial_diff(a: int, b: int) -> int:
+    """``a - b`` for serial numbers (RFC 1982, 32 bits): negative when ``a`` is behind."""
+    return ((a - b + (1 << 31)) & _SERIAL) - (1 << 31)
+
+
 # A transfer frame's own bytes, at most: the frame header and the performative (handle, id, tag, flags).
 TRANSFER_OVERHEAD = 64
 
@@ -68,6 +76,7 @@ class Receiver(Link):
         self._partial: list[bytes] = []
         self.available: int | None = None  # what the source holds beyond this link's credit, as the broker last said
         self._echoes: list[asyncio.Future[int | None]] = []
+        self._limit: int | None = None  # no grant yet: no credit
         self._drains: list[asyncio.Future[bool]] = []
 
     @property
@@ -78,6 +87,7 @@ class Receiver(Link):
     def grant(self, credit: int, drain: bool = False, echo: bool = False) -> None:
         """Sets the link's credit to ``credit`` (AMQP 1.0 credit is set, not added)."""
         self.credit = credit
+        self._limit = (self.delivery_count + credit) & _SERIAL  # the delivery-count the broker may send up to
         self.client.flow(self, credit, drain, echo)
 
     async def echo(self, credit: int | None = None) -> int | None:
@@ -124,15 +134,21 @@ class Receiver(Link):
         raise AmqpProtocolError(f"no answer to a drain on '{self.address}' within connectionTimeout")
 
     def _flow(self, delivery_count: int | None, credit: int, available: int | None) -> None:
-        if credit == 0:
-            ran_out = bool(self.credit)  # the broker advanced delivery-count over the rest: nothing more to send
+        # The credit left is what the last grant allows past the broker's delivery-count, not the flow's link-credit:
+        # a flow answering an echo sent before the last grant carries the credit of the grant before it.
+        ran_out = False
+        if delivery_count is not None:
+            advanced = _serial_diff(delivery_count, self.delivery_count)
+            if advanced > 0:  # credit the broker used up without sending: a drain that found nothing more
+                self.delivery_count, ran_out = delivery_count, True
+            self.credit = 0 if self._limit is None else max(0, _serial_diff(self._limit, self.delivery_count))
+        elif credit == 0:
             self.credit = 0
+        if credit == 0:
             drains, self._drains = self._drains, []
             for drained in drains:
                 if not drained.done():
                     drained.set_result(ran_out)
-        if delivery_count is not None:
-            self.delivery_count = delivery_count
         self.available = available
         echoes, self._echoes = self._echoes, []
         for waiter in echoes:
@@ -155,7 +171,7 @@ class Receiver(Link):
             self._partial = []
             delivery_id = self._first_id
         assert delivery_id is not None
-        self.delivery_count = (self.delivery_count + 1) & 0xFFFFFFFF  # a serial number: it wraps
+        self.delivery_count = (self.delivery_count + 1) & _SERIAL  # a serial number: it wraps
         self.credit -= 1
         self.on_delivery(delivery_id, payload)
 
