@@ -22,6 +22,7 @@ from . import codec
 class Message:
     __slots__ = (
         "acquired",
+        "amqp10",
         "body",
         "deaths",
         "delivery_count",
@@ -50,11 +51,14 @@ class Message:
         # never an x-death header a publisher sent (RabbitMQ 4.x keeps it as annotations).
         self.deaths: list[Death] = []
         self.first_death: Death | None = None
+        # What an AMQP 1.0 consumer is sent (amqp10_convert.Form): the message as an AMQP 1.0 publisher sent it,
+        # or its conversion, made on its first such delivery.
+        self.amqp10: Any = None
 
     def copy_for_queue(self) -> Message:
         """Each queue owns its position, TTL, redelivered flag and return counts; bytes are shared."""
         copy = Message(self.exchange, self.routing_key, self.header, self.body)
-        copy.deaths, copy.first_death = self.deaths, self.first_death
+        copy.deaths, copy.first_death, copy.amqp10 = self.deaths, self.first_death, self.amqp10
         return copy
 
     @property

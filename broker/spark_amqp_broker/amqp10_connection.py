@@ -1,0 +1,329 @@
+"""One AMQP 1.0 client connection, as RabbitMQ 4.x serves it on its AMQP port: SASL, open, heartbeats, close.
+
+``BrokerConnection`` reads the protocol header; an AMQP 1.0 one (SASL's, or the bare header RabbitMQ answers with
+SASL's before it closes: it wants a login first) hands the socket over here (``take_over``). Logins: PLAIN with the
+broker's user and password, and ANONYMOUS as guest (RabbitMQ 4's default ``anonymous_login_user``); a refused one
+is SASL outcome 1 (auth), then the socket closes. Frames a connection writes are gathered and flushed once per
+event-loop pass, as AMQP 0-9-1's are. Sessions (``amqp10_session``) are numbered by the client's channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from spark_amqp import errors
+from spark_amqp.amqp10 import performatives as p
+from spark_amqp.amqp10.performatives import Performative as P
+from spark_amqp.amqp10.types import Described, Symbol, UByte, UInt, UShort, encode
+
+from .amqp10_session import Session
+from .handshake import MODELLED_VERSION
+
+if TYPE_CHECKING:
+    from .server import BrokerServer
+
+log = logging.getLogger("spark_amqp_broker")
+
+MAX_FRAME = 131072  # what RabbitMQ 4.x offers (its frame_max)
+CHANNEL_MAX = 65535
+_SIZE = struct.Struct(">I")
+_HEADER_TIMEOUT = 10.0
+
+
+def performative(channel: int, code: int, fields: list[Any], kind: int = 0) -> bytes:
+    while fields and fields[-1] is None:
+        fields.pop()
+    return p.frame(channel, encode(Described(code, fields)), kind=kind)
+
+
+def error(condition: str, description: str) -> Described:
+    return Described(P.ERROR, [Symbol(condition), description])
+
+
+def condition_of(err: errors.AmqpReplyError) -> str:
+    """The AMQP 1.0 condition RabbitMQ gives for what AMQP 0-9-1 says with ``err``'s reply code."""
+    return {
+        404: "amqp:not-found",
+        403: "amqp:unauthorized-access",
+        405: "amqp:resource-locked",
+        406: "amqp:precondition-failed",
+        320: "amqp:connection:forced",
+        530: "amqp:not-allowed",
+        540: "amqp:not-implemented",
+    }.get(err.code, "amqp:internal-error")
+
+
+class Amqp10Connection(asyncio.Protocol):
+    def __init__(self, server: BrokerServer) -> None:
+        self.server = server
+        self.loop = server.loop
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.state = "sasl header"  # -> sasl -> amqp header -> open -> running -> closed
+        self.sessions: dict[int, Session] = {}
+        self.max_frame = 512  # the client's, once its open says (the spec's minimum until then)
+        self.client_name = ""
+        self.user = ""
+        self.ended = ""
+        self.write_paused = False
+        self._out: list[bytes] = []
+        self._flush_handle: asyncio.Handle | None = None
+        self._last_recv = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._idle_out = 0.0  # seconds between our empty frames (half the client's idle-time-out)
+        self.peer = ""
+
+    def take_over(self, transport: asyncio.Transport, data: bytes) -> None:
+        """The socket, from ``BrokerConnection``, with what was read so far (the AMQP 1.0 header first)."""
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self._last_recv = self.loop.time()
+        self.server.amqp10_connections.add(self)
+        self._timer = self.loop.call_later(_HEADER_TIMEOUT, self._handshake_timeout)
+        transport.set_protocol(self)
+        self.data_received(data)
+
+    # -- asyncio.Protocol -------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        self._last_recv = self.loop.time()
+        if self.state == "closed":
+            return
+        self.buffer += data
+        try:
+            self._process()
+        except errors.AmqpReplyError as err:
+            self.close_with(condition_of(err), err.text)
+        except errors.DecodeError as err:
+            self.close_with("amqp:decode-error", str(err))
+        except Exception:  # a bug costs one connection, never the broker
+            log.exception("embedded broker: internal error on AMQP 1.0 connection %s", self.peer)
+            self.close_with("amqp:internal-error", "internal error")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._teardown()
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        for session in list(self.sessions.values()):
+            session.wake()
+
+    # -- frames ---------------------------------------------------------------------------
+
+    def _process(self) -> None:
+        buf = self.buffer
+        offset = 0
+        try:
+            while self.state != "closed":
+                if self.state in ("sasl header", "amqp header"):
+                    if len(buf) - offset < 8:
+                        break
+                    self._on_header(bytes(buf[offset : offset + 8]))
+                    offset += 8
+                    continue
+                if len(buf) - offset < 8:
+                    break
+                (size,) = _SIZE.unpack_from(buf, offset)
+                if size < 8 or size > MAX_FRAME:
+                    raise errors.DecodeError(f"frame of {size} bytes (max-frame-size {MAX_FRAME})")
+                if len(buf) - offset < size:
+                    break
+                frame = p.read_frame(bytes(buf[offset : offset + size]), 0, size)
+                offset += size
+                self._on_frame(frame)
+        finally:
+            del buf[:offset]
+
+    def _on_header(self, header: bytes) -> None:
+        assert self.transport is not None
+        if self.state == "sasl header" and header == p.SASL_HEADER:
+            self.write(p.SASL_HEADER)
+            mechanisms = [Symbol("PLAIN"), Symbol("ANONYMOUS")]
+            self.write(performative(0, P.SASL_MECHANISMS, [mechanisms], kind=1))
+            self.state = "sasl"
+        elif self.state == "amqp header" and header == p.AMQP_HEADER:
+            self.write(p.AMQP_HEADER)
+            self.state = "open"
+        else:
+            # RabbitMQ wants a login first: a bare AMQP 1.0 header (or another) is answered with SASL's.
+            self.transport.write(p.SASL_HEADER)
+            self._abort(close=True)
+
+    def _on_frame(self, frame: p.Frame) -> None:
+        if frame.kind == 1:
+            if frame.code == P.SASL_INIT and self.state == "sasl":
+                self._on_sasl_init(frame.fields)
+                return
+            raise errors.FrameError("unexpected SASL frame")
+        if frame.code is None:
+            return  # an empty frame: a heartbeat
+        if self.state == "open":
+            if frame.code != P.OPEN:
+                raise errors.FrameError("expected open")
+            self._on_open(frame.fields)
+            return
+        if self.state != "running":
+            return  # closing: nothing but close matters, and close-ok is the socket's end
+        if frame.code == P.CLOSE:
+            self.ended = "closed by client"
+            self.write(performative(0, P.CLOSE, []))
+            self._finish()
+        elif frame.code == P.BEGIN:
+            self._on_begin(frame.channel, frame.fields)
+        elif frame.code == P.END:
+            session = self.sessions.pop(frame.channel, None)
+            if session is not None:
+                session.ended()
+                self.write(performative(frame.channel, P.END, []))
+        else:
+            session = self.sessions.get(frame.channel)
+            if session is None:
+                raise errors.FrameError(f"a frame on channel {frame.channel}, which has no session")
+            session.on_frame(frame)
+
+    def _on_sasl_init(self, fields: list[Any]) -> None:
+        mechanism = str(fields[0]) if fields else ""
+        response = bytes(fields[1]) if len(fields) > 1 and isinstance(fields[1], bytes) else b""
+        user = ""
+        if mechanism == "PLAIN":
+            parts = response.split(b"\x00")
+            if len(parts) == 3 and self.server.authenticate(parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")):
+                user = parts[1].decode("utf-8", "replace")
+        elif mechanism == "ANONYMOUS":
+            user = "guest"  # RabbitMQ 4's anonymous_login_user
+        if not user:
+            self.write(performative(0, P.SASL_OUTCOME, [UByte(1)], kind=1))
+            self._flush()
+            self._abort(close=True)
+            return
+        self.user = user
+        self.write(performative(0, P.SASL_OUTCOME, [UByte(0)], kind=1))
+        self.state = "amqp header"
+
+    def _on_open(self, fields: list[Any]) -> None:
+        if self.server.faults.stall_open:
+            return  # fault injection: a broker that stops answering halfway through the handshake
+        self.max_frame = max(512, min(int(fields[2]) if len(fields) > 2 and fields[2] else MAX_FRAME, MAX_FRAME))
+        properties = fields[9] if len(fields) > 9 and isinstance(fields[9], dict) else {}
+        self.client_name = str(properties.get("connection_name", "") or "")
+        idle_ms = int(fields[4]) if len(fields) > 4 and fields[4] else 0
+        self.state = "running"
+        ours = {
+            Symbol("product"): "RabbitMQ",  # what clients (the connector's) check to speak address format v2
+            Symbol("version"): f"{MODELLED_VERSION[0]}.{MODELLED_VERSION[1]}.0",
+            Symbol("platform"): "Python asyncio (spark-amqp embedded broker)",
+        }
+        heartbeat_ms = self.server.heartbeat * 1000
+        answer = [f"spark-amqp-broker-{uuid.uuid4()}", None, UInt(MAX_FRAME), UShort(CHANNEL_MAX), UInt(heartbeat_ms) if heartbeat_ms else None]
+        self.write(performative(0, P.OPEN, [*answer, None, None, None, None, ours]))
+        if self._timer is not None:
+            self._timer.cancel()
+        self._idle_out = idle_ms / 2000 if idle_ms else 0.0
+        if self._idle_out or heartbeat_ms:
+            self._timer = self.loop.call_later(self._tick(), self._heartbeat)
+
+    def _on_begin(self, channel: int, fields: list[Any]) -> None:
+        if channel in self.sessions:
+            raise errors.FrameError(f"a second begin on channel {channel}")
+        session = Session(self, channel, fields)
+        self.sessions[channel] = session
+        session.begin()
+
+    # -- heartbeats ------------------------------------------------------------------------
+
+    def _tick(self) -> float:
+        candidates = [t for t in (self._idle_out, self.server.heartbeat / 2) if t]
+        return min(candidates) if candidates else 30.0
+
+    def _heartbeat(self) -> None:
+        self._timer = None
+        if self.state == "closed":
+            return
+        now = self.loop.time()
+        if self.server.heartbeat and now - self._last_recv > 2 * self.server.heartbeat:
+            log.info("embedded broker: AMQP 1.0 client %s silent for two idle timeouts; dropping it", self.peer)
+            self._abort()
+            return
+        if self._idle_out:
+            self.write(p.HEARTBEAT)
+        self._timer = self.loop.call_later(self._tick(), self._heartbeat)
+
+    def _handshake_timeout(self) -> None:
+        self._timer = None
+        if self.state != "running":
+            self._abort()
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        self._out.append(data)
+        if self._flush_handle is None:
+            self._flush_handle = self.loop.call_soon(self._flush)
+
+    def schedule_flush(self) -> None:
+        if self._flush_handle is None:
+            self._flush_handle = self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_handle = None
+        if not self.server.faults.confirms_held:
+            for session in self.sessions.values():
+                session.release_outcomes()
+        if not self._out:
+            return
+        data = b"".join(self._out)
+        self._out = []
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    # -- ending ----------------------------------------------------------------------------
+
+    def close_with(self, condition: str, description: str) -> None:
+        """Close the connection with an error, as RabbitMQ does (then the socket)."""
+        if self.state == "closed":
+            return
+        log.info("embedded broker: closing AMQP 1.0 connection %s: %s %s", self.peer, condition, description)
+        if self.state == "running":
+            self.write(performative(0, P.CLOSE, [error(condition, description)]))
+        self._finish()
+
+    def _finish(self) -> None:
+        self._flush()
+        self._teardown()
+        if self.transport is not None:
+            self.transport.close()
+
+    def _abort(self, close: bool = False) -> None:
+        self._teardown()
+        if self.transport is not None:
+            self.transport.close() if close else self.transport.abort()
+
+    def drop(self) -> None:
+        """Fault injection: vanish like a cut network cable."""
+        self._abort()
+
+    def _teardown(self) -> None:
+        if self.state == "closed" and self not in self.server.amqp10_connections:
+            return
+        self.state = "closed"
+        for handle in (self._timer, self._flush_handle):
+            if handle is not None:
+                handle.cancel()
+        self._timer = self._flush_handle = None
+        sessions = list(self.sessions.values())
+        self.sessions.clear()
+        for session in sessions:
+            session.ended()
+        self.server.vhost.connection_closed(self)
+        if self in self.server.amqp10_connections:
+            self.server.ended.append((self.client_name, self.ended or "lost"))
+            self.server.amqp10_connections.discard(self)
+        self._out = []
