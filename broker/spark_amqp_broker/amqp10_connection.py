@@ -146,8 +146,12 @@ class Amqp10Connection(asyncio.Protocol):
         assert self.transport is not None
         if self.state == "sasl header" and header == p.SASL_HEADER:
             self.write(p.SASL_HEADER)
-            mechanisms = [Symbol("PLAIN"), Symbol("ANONYMOUS")]
-            self.write(performative(0, P.SASL_MECHANISMS, [mechanisms], kind=1))
+            # A multiple symbol field is an array (0xe0 of 0xa3), as RabbitMQ sends it: proton takes no list there.
+            names = [m.encode() for m in (("PLAIN", "ANONYMOUS") if self.server.anonymous_user() else ("PLAIN",))]
+            items = b"".join(bytes((len(n),)) + n for n in names)
+            array = bytes((0xE0, len(items) + 2, len(names), 0xA3)) + items
+            body = b"\x00\x53\x40\xc0" + bytes((len(array) + 1, 1)) + array
+            self.write(p.frame(0, body, kind=1))
             self.state = "sasl"
         elif self.state == "amqp header" and header == p.AMQP_HEADER:
             self.write(p.AMQP_HEADER)
@@ -198,7 +202,7 @@ class Amqp10Connection(asyncio.Protocol):
             if len(parts) == 3 and self.server.authenticate(parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")):
                 user = parts[1].decode("utf-8", "replace")
         elif mechanism == "ANONYMOUS":
-            user = "guest"  # RabbitMQ 4's anonymous_login_user
+            user = self.server.anonymous_user() or ""  # RabbitMQ 4's anonymous_login_user, guest
         if not user:
             self.write(performative(0, P.SASL_OUTCOME, [UByte(1)], kind=1))
             self._flush()

@@ -81,7 +81,8 @@ def attach(session: Session, fields: list[Any]) -> None:
             reply += [source, target, None, None, None, session.connection.server.max_message_size]
     except errors.AmqpReplyError as err:
         condition = "amqp:invalid-field" if isinstance(err, errors.SyntaxError_) else _condition(err)
-        reply += [None, None] if client_receives else [source, None]
+        # The refused terminus is a null, which the fields after it keep in place.
+        reply += [None, None, None, None, UInt(0)] if client_receives else [source, None, None, None, None, session.connection.server.max_message_size]
         session.send(P.ATTACH, reply)
         session.send(P.DETACH, [UInt(handle), True, _error(condition, err.text)])
         return

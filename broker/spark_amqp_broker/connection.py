@@ -215,7 +215,7 @@ class BrokerConnection(HandshakeMethods, asyncio.Protocol):
 
     def _send_start(self) -> None:
         self.state = "start"
-        start = C.Start(server_properties=handshake.server_properties(), mechanisms="PLAIN AMQPLAIN", locales="en_US")
+        start = C.Start(server_properties=handshake.server_properties(), mechanisms="PLAIN ANONYMOUS AMQPLAIN", locales="en_US")  # 4.3's
         self.send_method(0, start)
 
     def _on_connection_method(self, method: Any) -> None:

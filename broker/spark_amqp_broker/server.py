@@ -72,6 +72,10 @@ class BrokerServer:
     def authenticate(self, user: str, password: str) -> bool:
         return hmac.compare_digest(user.encode(), self.user.encode()) and hmac.compare_digest(password.encode(), self.password.encode())
 
+    def anonymous_user(self) -> str | None:
+        """Who an ANONYMOUS login is: RabbitMQ 4's anonymous_login_user, guest, when that user is this broker's."""
+        return "guest" if self.user == "guest" else None
+
     def _new_connection(self) -> asyncio.Protocol:
         conn = BrokerConnection(self)
         if self.loop.time() < self.faults.refuse_until:

@@ -333,7 +333,7 @@ def _amqp091_of(raw: bytes, stream: str, offset: int | None, queued: bool = Fals
     props = [
         ("content_type", _short(_unwrap(s.field(s.properties, 6)))),
         ("content_encoding", _short(_unwrap(s.field(s.properties, 7)))),
-        ("headers", struct.pack(">I", len(table)) + table),
+        ("headers", struct.pack(">I", len(table)) + table if table else None),
         ("delivery_mode", None if mode is None else bytes([mode])),
         ("priority", None if prio is None else bytes([prio])),
         ("correlation_id", _short(correlation_id)),
