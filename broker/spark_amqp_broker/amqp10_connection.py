@@ -226,7 +226,13 @@ class Amqp10Connection(asyncio.Protocol):
             Symbol("platform"): "Python asyncio (spark-amqp embedded broker)",
         }
         heartbeat_ms = self.server.heartbeat * 1000
-        answer = [f"spark-amqp-broker-{uuid.uuid4()}", None, UInt(MAX_FRAME), UShort(CHANNEL_MAX), UInt(heartbeat_ms) if heartbeat_ms else None]
+        answer = [
+            f"spark-amqp-broker-{uuid.uuid4()}",
+            None,
+            UInt(MAX_FRAME),
+            UShort(CHANNEL_MAX),
+            UInt(heartbeat_ms) if heartbeat_ms else None,
+        ]
         self.write(performative(0, P.OPEN, [*answer, None, None, None, None, ours]))
         if self._timer is not None:
             self._timer.cancel()

@@ -102,7 +102,7 @@ def message_of(form: Form, exchange: str, routing_key: str) -> Message:
 
 def form_of(message: Message) -> Form:
     """The message's ``Form``: its own, or its conversion (made once)."""
-    form = message.amqp10
+    form: Form | None = message.amqp10
     if form is None:
         header, annotations, bare = amqp10_parts(message)
         pairs = [(str(k[1]), encode(k) + encode(v)) for k, v in annotations if str(k[1]) not in _OWN]

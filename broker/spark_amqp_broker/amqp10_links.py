@@ -17,7 +17,6 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from spark_amqp import errors
-from spark_amqp.amqp10.performatives import Outcome
 from spark_amqp.amqp10.performatives import Performative as P
 from spark_amqp.amqp10.types import Described, Symbol, UByte, UInt, encode
 
@@ -82,7 +81,11 @@ def attach(session: Session, fields: list[Any]) -> None:
     except errors.AmqpReplyError as err:
         condition = "amqp:invalid-field" if isinstance(err, errors.SyntaxError_) else _condition(err)
         # The refused terminus is a null, which the fields after it keep in place.
-        reply += [None, None, None, None, UInt(0)] if client_receives else [source, None, None, None, None, session.connection.server.max_message_size]
+        reply += (
+            [None, None, None, None, UInt(0)]
+            if client_receives
+            else [source, None, None, None, None, session.connection.server.max_message_size]
+        )
         session.send(P.ATTACH, reply)
         session.send(P.DETACH, [UInt(handle), True, _error(condition, err.text)])
         return
@@ -98,6 +101,7 @@ class LinkConsumer(Consumer):
 
     __slots__ = ("link",)
     raw_records = True  # a stream gives it its records as they are stored (stream.StreamQueue._feed)
+    link: OutgoingLink
 
     def can_take(self) -> bool:
         link = self.link
@@ -361,4 +365,4 @@ class IncomingLink:
             self.session.outcome(delivery_id, outcome)
 
 
-__all__ = ["LINK_CREDIT", "IncomingLink", "LinkConsumer", "OutgoingLink", "Outcome", "attach", "parse_address"]
+__all__ = ["LINK_CREDIT", "IncomingLink", "LinkConsumer", "OutgoingLink", "attach", "parse_address"]

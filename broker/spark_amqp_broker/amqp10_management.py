@@ -60,7 +60,9 @@ def answer(session: Session, link_name: str, raw: bytes) -> None:
         + b"\x00\x53\x77"
         + encode(_typed(body))
     )
-    pair = next((lk for lk in session.links.values() if isinstance(lk, OutgoingLink) and lk.name == link_name and lk.replies is not None), None)
+    pair = next(
+        (lk for lk in session.links.values() if isinstance(lk, OutgoingLink) and lk.name == link_name and lk.replies is not None), None
+    )
     if pair is not None:
         pair.reply(reply)
 

@@ -35,7 +35,17 @@ from .message import Message
 from .stream_args import internal_error
 from .stream_typed import TV, ConversionError, encode, field_entry, fields, read
 
-__all__ = ["NativeRecord", "Record", "SubEntry", "amqp091_of", "amqp10_bytes", "amqp10_of", "amqp10_parts", "record_size", "with_delivery_mode"]
+__all__ = [
+    "NativeRecord",
+    "Record",
+    "SubEntry",
+    "amqp091_of",
+    "amqp10_bytes",
+    "amqp10_of",
+    "amqp10_parts",
+    "record_size",
+    "with_delivery_mode",
+]
 
 _HEADER, _ANNOTATIONS, _PROPERTIES, _APPLICATION, _DATA, _SEQUENCE, _VALUE = 0x70, 0x72, 0x73, 0x74, 0x75, 0x76, 0x77
 _SECTION_NAMES = {
