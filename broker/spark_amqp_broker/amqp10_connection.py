@@ -3,7 +3,7 @@
 ``BrokerConnection`` reads the protocol header; an AMQP 1.0 one (SASL's, or the bare header RabbitMQ answers with
 SASL's before it closes: it wants a login first) hands the socket over here (``take_over``). Logins: PLAIN with the
 broker's user and password, and ANONYMOUS as guest (RabbitMQ 4's default ``anonymous_login_user``); a refused one
-is SASL outcome 1 (auth), then the socket closes. Frames a connection writes are gathered and flushed once per
+is SASL outcome 1 (auth), then the socket closes. AMQPLAIN is offered and taken too, as 4.3 does. Frames a connection writes are gathered and flushed once per
 event-loop pass, as AMQP 0-9-1's are. Sessions (``amqp10_session``) are numbered by the client's channel.
 """
 
@@ -13,6 +13,7 @@ import asyncio
 import logging
 import struct
 import uuid
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from spark_amqp import errors
@@ -21,7 +22,7 @@ from spark_amqp.amqp10.performatives import Performative as P
 from spark_amqp.amqp10.types import Described, Symbol, UByte, UInt, UShort, encode
 
 from .amqp10_session import Session
-from .handshake import MODELLED_VERSION
+from .handshake import MODELLED_VERSION, credentials
 
 if TYPE_CHECKING:
     from .server import BrokerServer
@@ -55,6 +56,11 @@ def condition_of(err: errors.AmqpReplyError) -> str:
         530: "amqp:not-allowed",
         540: "amqp:not-implemented",
     }.get(err.code, "amqp:internal-error")
+
+
+def description(err: errors.AmqpReplyError) -> str:
+    """The error's own words, as an AMQP 1.0 error's description says them (without AMQP 0-9-1's reply name)."""
+    return err.text.removeprefix(f"{err.reply} - ")
 
 
 class Amqp10Connection(asyncio.Protocol):
@@ -98,7 +104,7 @@ class Amqp10Connection(asyncio.Protocol):
         try:
             self._process()
         except errors.AmqpReplyError as err:
-            self.close_with(condition_of(err), err.text)
+            self.close_with(condition_of(err), description(err))
         except errors.DecodeError as err:
             self.close_with("amqp:decode-error", str(err))
         except Exception:  # a bug costs one connection, never the broker
@@ -147,7 +153,8 @@ class Amqp10Connection(asyncio.Protocol):
         if self.state == "sasl header" and header == p.SASL_HEADER:
             self.write(p.SASL_HEADER)
             # A multiple symbol field is an array (0xe0 of 0xa3), as RabbitMQ sends it: proton takes no list there.
-            names = [m.encode() for m in (("PLAIN", "ANONYMOUS") if self.server.anonymous_user() else ("PLAIN",))]
+            offered = ("PLAIN", "AMQPLAIN", "ANONYMOUS") if self.server.anonymous_user() else ("PLAIN", "AMQPLAIN")  # 4.3's order
+            names = [m.encode() for m in offered]
             items = b"".join(bytes((len(n),)) + n for n in names)
             array = bytes((0xE0, len(items) + 2, len(names), 0xA3)) + items
             body = b"\x00\x53\x40\xc0" + bytes((len(array) + 1, 1)) + array
@@ -197,10 +204,10 @@ class Amqp10Connection(asyncio.Protocol):
         mechanism = str(fields[0]) if fields else ""
         response = bytes(fields[1]) if len(fields) > 1 and isinstance(fields[1], bytes) else b""
         user = ""
-        if mechanism == "PLAIN":
-            parts = response.split(b"\x00")
-            if len(parts) == 3 and self.server.authenticate(parts[1].decode("utf-8", "replace"), parts[2].decode("utf-8", "replace")):
-                user = parts[1].decode("utf-8", "replace")
+        if mechanism in ("PLAIN", "AMQPLAIN"):
+            # The responses are AMQP 0-9-1's for the same mechanisms (AMQPLAIN's a field table).
+            name, password = credentials(SimpleNamespace(mechanism=mechanism, response=response))  # type: ignore[arg-type]
+            user = name if name and self.server.authenticate(name, password) else ""
         elif mechanism == "ANONYMOUS":
             user = self.server.anonymous_user() or ""  # RabbitMQ 4's anonymous_login_user, guest
         if not user:

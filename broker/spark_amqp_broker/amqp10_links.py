@@ -45,6 +45,12 @@ def _condition(err: errors.AmqpReplyError) -> str:
     return condition_of(err)
 
 
+def _text(err: errors.AmqpReplyError) -> str:
+    from .amqp10_connection import description
+
+    return description(err)
+
+
 def parse_address(address: Any) -> tuple[str, str, str | None]:
     """(kind, name, routing key) of an address v2: ("queue", q, None), ("exchange", e, key or None)."""
     if not isinstance(address, str):
@@ -87,7 +93,7 @@ def attach(session: Session, fields: list[Any]) -> None:
             else [source, None, None, None, None, session.connection.server.max_message_size]
         )
         session.send(P.ATTACH, reply)
-        session.send(P.DETACH, [UInt(handle), True, _error(condition, err.text)])
+        session.send(P.DETACH, [UInt(handle), True, _error(condition, _text(err))])
         return
     if properties.get(Symbol("paired")) is True or properties.get("paired") is True:
         reply += [None] * (13 - len(reply)) + [{Symbol("paired"): True}]
@@ -270,7 +276,7 @@ class OutgoingLink:
             q.unacked -= 1
             by_queue.setdefault(q, []).append(message)
         for q, messages in by_queue.items():
-            q.requeue(messages, counted=True)
+            q.requeue(messages, counted=q.is_quorum)  # a quorum queue counts the return (4.3), a classic one no failure
         self.session.connection.server.vhost.consumer_gone(queue)
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from spark_amqp import errors
 from spark_amqp.amqp10 import sections
 
+from .amqp10_connection import description
 from .amqp10_links import OutgoingLink
 from .stream_typed import encode
 
@@ -50,7 +51,7 @@ def answer(session: Session, link_name: str, raw: bytes) -> None:
     except _Refused as refused:
         status, body = refused.status, refused.text
     except errors.AmqpReplyError as err:
-        status, body = _status(err), err.text
+        status, body = _status(err), description(err)
     properties = [("null", None), ("null", None), ("null", None), ("utf8", status), ("null", None), _typed(message_id)]
     reply = (
         b"\x00\x53\x73"
@@ -92,7 +93,7 @@ def _handle(session: Session, method: str, path: str, body: Any) -> tuple[str, A
                     owner,
                 )
             except errors.PreconditionFailed as err:
-                raise _Refused("409", err.text) from None
+                raise _Refused("409", description(err)) from None
             return ("200" if existed else "201"), _queue(queue)
         if method == "DELETE":
             return "200", {"message_count": vhost.delete_queue(name, False, False, owner)}
@@ -112,7 +113,7 @@ def _handle(session: Session, method: str, path: str, body: Any) -> tuple[str, A
                     dict(spec.get("arguments") or {}),
                 )
             except errors.PreconditionFailed as err:
-                raise _Refused("400" if "unknown exchange type" in err.text else "409", err.text) from None
+                raise _Refused("400" if "unknown exchange type" in err.text else "409", description(err)) from None
             return "204", None
         if method == "DELETE":
             vhost.delete_exchange(parts[1], False)

@@ -18,6 +18,7 @@ from spark_amqp.amqp10.performatives import Performative as P
 from spark_amqp.amqp10.types import Described, Symbol, encode
 
 from . import amqp10_convert as convert
+from .amqp10_connection import condition_of, description
 from .amqp10_links import parse_address
 
 if TYPE_CHECKING:
@@ -63,11 +64,11 @@ def publish(connection: Amqp10Connection, target: tuple[str, str, str | None] | 
         message = convert.message_of(form, exchange, key)
         queues = server.vhost.route(exchange, message)
     except errors.SyntaxError_ as err:
-        return _rejected("amqp:invalid-field", err.text)
+        return _rejected("amqp:invalid-field", description(err))
     except errors.DecodeError as err:
         return _rejected("amqp:decode-error", str(err))
     except errors.AmqpReplyError as err:
-        return _rejected(convert_condition(err), err.text)
+        return _rejected(condition_of(err), description(err))
     if server.faults.take("nack_publishes"):
         return _rejected("amqp:internal-error", "not enqueued (fault injection: nack_next_publishes)")
     if not queues:
@@ -83,9 +84,3 @@ def publish(connection: Amqp10Connection, target: tuple[str, str, str | None] | 
         info = {Symbol("queue"): refused, Symbol("reason"): Symbol("maxlen")}
         return _rejected("amqp:resource-limit-exceeded", f"queue '{refused}' exceeded maximum length", info)
     return Outcome.ACCEPTED
-
-
-def convert_condition(err: errors.AmqpReplyError) -> str:
-    from .amqp10_connection import condition_of
-
-    return condition_of(err)
