@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 from spark_amqp import errors
 from spark_amqp.amqp10 import performatives as p
 from spark_amqp.amqp10.performatives import Performative as P
-from spark_amqp.amqp10.types import Described, Symbol, UByte, UInt, UShort, encode
+from spark_amqp.amqp10.types import Symbol, UByte, UInt, UShort
 
+from .amqp10_frames import condition_of, description, error, performative
 from .amqp10_session import Session
 from .handshake import MODELLED_VERSION, credentials
 
@@ -35,32 +36,42 @@ _SIZE = struct.Struct(">I")
 _HEADER_TIMEOUT = 10.0
 
 
-def performative(channel: int, code: int, fields: list[Any], kind: int = 0) -> bytes:
-    while fields and fields[-1] is None:
-        fields.pop()
-    return p.frame(channel, encode(Described(code, fields)), kind=kind)
+_TRANSFER = b"\x00\x53\x14\xc0"
 
 
-def error(condition: str, description: str) -> Described:
-    return Described(P.ERROR, [Symbol(condition), description])
-
-
-def condition_of(err: errors.AmqpReplyError) -> str:
-    """The AMQP 1.0 condition RabbitMQ gives for what AMQP 0-9-1 says with ``err``'s reply code."""
-    return {
-        404: "amqp:not-found",
-        403: "amqp:unauthorized-access",
-        405: "amqp:resource-locked",
-        406: "amqp:precondition-failed",
-        320: "amqp:connection:forced",
-        530: "amqp:not-allowed",
-        540: "amqp:not-implemented",
-    }.get(err.code, "amqp:internal-error")
-
-
-def description(err: errors.AmqpReplyError) -> str:
-    """The error's own words, as an AMQP 1.0 error's description says them (without AMQP 0-9-1's reply name)."""
-    return err.text.removeprefix(f"{err.reply} - ")
+def _transfer(data: bytes) -> tuple[int, list[Any], bytes] | None:
+    """(channel, fields, payload) of a transfer encoded the common way (a small list; handle and delivery id small,
+    whole or zero uints; a binary tag; the format a uint; settled and more as booleans), else None."""
+    if data[4] != 2 or data[5] != 0 or data[8:12] != _TRANSFER:
+        return None
+    size, count = data[12], data[13]
+    end = 13 + size
+    if count < 2 or end > len(data):
+        return None
+    at = 14
+    fields: list[Any] = []
+    for i in range(count):
+        code = data[at]
+        if code in (0x52, 0x50, 0x53):
+            fields.append(data[at + 1])
+            at += 2
+        elif code in (0x70, 0x71):
+            fields.append(_SIZE.unpack_from(data, at + 1)[0])
+            at += 5
+        elif code in (0x43, 0x44):
+            fields.append(0)
+            at += 1
+        elif code in (0x40, 0x41, 0x42):
+            fields.append(None if code == 0x40 else code == 0x41)
+            at += 1
+        elif code == 0xA0 and i == 2:
+            fields.append(data[at + 2 : at + 2 + data[at + 1]])
+            at += 2 + data[at + 1]
+        else:
+            return None
+    if at != end:
+        return None
+    return int.from_bytes(data[6:8], "big"), fields, data[end:]
 
 
 class Amqp10Connection(asyncio.Protocol):
@@ -142,9 +153,16 @@ class Amqp10Connection(asyncio.Protocol):
                     raise errors.DecodeError(f"frame of {size} bytes (max-frame-size {MAX_FRAME})")
                 if len(buf) - offset < size:
                     break
-                frame = p.read_frame(bytes(buf[offset : offset + size]), 0, size)
+                data = bytes(buf[offset : offset + size])
                 offset += size
-                self._on_frame(frame)
+                fast = _transfer(data) if self.state == "running" else None
+                if fast is not None:  # most frames of a publisher: read by hand
+                    session = self.sessions.get(fast[0])
+                    if session is None:
+                        raise errors.FrameError(f"a transfer on channel {fast[0]}, which has no session")
+                    session.on_transfer(fast[1], fast[2])
+                else:
+                    self._on_frame(p.read_frame(data, 0, size))
         finally:
             del buf[:offset]
 

@@ -22,7 +22,7 @@ from .message import Message
 from .stream_records import NativeRecord, amqp091_of, amqp10_parts
 from .stream_typed import encode
 
-__all__ = ["Form", "delivery_bytes", "form_of", "message_of", "parse", "properties", "record_delivery", "stream_record"]
+__all__ = ["Form", "delivery_bytes", "form_of", "message_of", "parse", "properties", "received", "record_delivery", "stream_record"]
 
 _Q = struct.Struct(">q")
 _HEADER, _DELIVERY_ANNOTATIONS, _ANNOTATIONS = 0x70, 0x71, 0x72
@@ -91,26 +91,84 @@ def parse(raw: bytes, keep_routing: bool = False) -> Form:
     raise DecodeError("AMQP 1.0: a message without a body")
 
 
-def message_of(form: Form, exchange: str, routing_key: str) -> Message:
-    """A message published over AMQP 1.0 (``parse``) to ``exchange`` with ``routing_key``, as the broker stores it."""
-    stored = _encode(form, None, None, True, 0, [])
-    message = amqp091_of(stored, routing_key, None, queued=True)
-    message.exchange, message.routing_key = exchange, routing_key
+# Publishers repeat the sections before the body (the sink, most clients): what they convert to is kept, by those
+# bytes, so that a message costs its body's copy. A message qualifies when it ends with its one data section.
+_CACHE_MAX = 1024
+_PUBLISHED: dict[bytes, tuple[bytes, Form, int]] = {}  # sections before the body -> (0-9-1 header, form, bare's start)
+_CONVERTED: dict[bytes, tuple[Form, bytes]] = {}  # a 0-9-1 header but its body size -> (form, bare before the body)
+_U64 = struct.Struct(">Q")
+
+
+def _data_at(raw: bytes) -> int:
+    """Where the message's one and last data section starts, else -1 (an ``amqp-value`` body, several sections)."""
+    at = raw.find(b"\x00\x53\x75")
+    end = len(raw)
+    while 0 <= at < end - 4:
+        code = raw[at + 3]
+        if (code == 0xA0 and at + 5 + raw[at + 4] == end) or (code == 0xB0 and at + 8 + int.from_bytes(raw[at + 4 : at + 8]) == end):
+            return at
+        at = raw.find(b"\x00\x53\x75", at + 1)
+    return -1
+
+
+def received(raw: bytes) -> tuple[Form, tuple[bytes, bytes] | None]:
+    """A message an AMQP 1.0 publisher sent: its ``Form``, and its AMQP 0-9-1 header and body when known already."""
+    at = _data_at(raw)
+    hit = _PUBLISHED.get(raw[:at]) if at >= 0 else None
+    if hit is None:
+        return parse(raw), None
+    header, template, bare_at = hit
+    body = raw[at + 5 :] if raw[at + 3] == 0xA0 else raw[at + 8 :]
+    form = Form(template.durable, template.priority, template.ttl, template.annotations, raw[bare_at:])
+    return form, (header[:4] + _U64.pack(len(body)) + header[12:], body)
+
+
+def message_of(form: Form, exchange: str, routing_key: str, known: tuple[bytes, bytes] | None = None, raw: bytes = b"") -> Message:
+    """A message published over AMQP 1.0 (``received``) to ``exchange`` with ``routing_key``, as the broker stores
+    it; ``raw``, the message as sent, lets its conversion serve the next ones with the same sections before the body."""
+    if known is not None:
+        message = Message(exchange, routing_key, *known)
+    else:
+        stored = _encode(form, None, None, True, 0, [])
+        message = amqp091_of(stored, routing_key, None, queued=True)
+        message.exchange, message.routing_key = exchange, routing_key
+        at = _data_at(raw) if raw else -1
+        if at >= 0 and raw.endswith(message.body) and len(raw) - at - len(message.body) in (5, 8) and len(raw) - len(form.bare) <= at:
+            if len(_PUBLISHED) >= _CACHE_MAX:
+                _PUBLISHED.clear()
+            _PUBLISHED[raw[:at]] = (message.header, form, len(raw) - len(form.bare))
     message.amqp10 = form
     return message
 
 
 def form_of(message: Message) -> Form:
-    """The message's ``Form``: its own, or its conversion (made once)."""
+    """The message's ``Form``: its own, or its conversion (made once, and once for every header like it)."""
     form: Form | None = message.amqp10
-    if form is None:
+    if form is not None:
+        return form
+    key = message.header[:4] + message.header[12:]
+    hit = _CONVERTED.get(key)
+    if hit is not None:
+        template, before = hit
+        form = Form(template.durable, template.priority, template.ttl, template.annotations, before + _data(message.body))
+    else:
         header, annotations, bare = amqp10_parts(message)
         pairs = [(str(k[1]), encode(k) + encode(v)) for k, v in annotations if str(k[1]) not in _OWN]
         durable = bool(header[0][1])
         priority = header[1][1] if header[1][0] != "null" else None
         ttl = header[2][1] if header[2][0] != "null" else None
-        form = message.amqp10 = Form(durable, priority, ttl, pairs, bare)
+        form = Form(durable, priority, ttl, pairs, bare)
+        data = _data(message.body)
+        if bare.endswith(data):  # not an amqp-1.0 typed message, whose body is its own sections
+            if len(_CONVERTED) >= _CACHE_MAX:
+                _CONVERTED.clear()
+            _CONVERTED[key] = (form, bare[: len(bare) - len(data)])
+    message.amqp10 = form
     return form
+
+
+def _data(body: bytes) -> bytes:
+    return b"\x00\x53\x75" + encode(("binary", body))
 
 
 def _annotation(key: str, value: bytes) -> bytes:
@@ -128,8 +186,9 @@ def _long(key: str, value: int) -> bytes:
 def _encode(form: Form, exchange: str | None, routing_key: str | None, first: bool, count: int, extra: list[bytes]) -> bytes:
     header = [form.durable, None if form.priority is None else _UByte(form.priority), None if form.ttl is None else _UInt(form.ttl)]
     head = b"\x00\x53\x70" + _list([*header, first, _UInt(count)])
-    own = [_utf8("x-exchange", exchange), _utf8("x-routing-key", routing_key)] if exchange is not None and routing_key is not None else []
-    pairs = [*own, *extra, *(pair for _, pair in form.annotations)]
+    # RabbitMQ 4.3's order: what the delivery adds, the routing key, the exchange, then the message's own.
+    own = [_utf8("x-routing-key", routing_key), _utf8("x-exchange", exchange)] if exchange is not None and routing_key is not None else []
+    pairs = [*extra, *own, *(pair for _, pair in form.annotations)]
     if pairs:
         body = b"".join(pairs)
         n = 2 * len(pairs)

@@ -12,7 +12,6 @@ queue has it, ``released`` when none is bound, ``rejected`` saying why. ``/manag
 
 from __future__ import annotations
 
-import urllib.parse
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +20,8 @@ from spark_amqp.amqp10.performatives import Performative as P
 from spark_amqp.amqp10.types import Described, Symbol, UByte, UInt, encode
 
 from . import amqp10_convert as convert
+from .amqp10_frames import condition_of, description, parse_address
+from .amqp10_publish import publish
 from .consumer import Consumer
 from .stream_args import start_spec
 from .stream_filter import consumer_filter
@@ -30,37 +31,13 @@ if TYPE_CHECKING:
     from .message import Message
     from .queue import Queue
 
-LINK_CREDIT = 128  # what RabbitMQ 4.x grants a publisher, topped up at half
+LINK_CREDIT = 170  # what RabbitMQ 4.x grants a publisher (its max_link_credit), topped up at half
 _SERIAL = 0xFFFFFFFF
 _STREAM_FILTERS = {"rabbitmq:stream-filter": "x-stream-filter", "rabbitmq:stream-match-unfiltered": "x-stream-match-unfiltered"}
 
 
 def _error(condition: str, description: str) -> Described:
     return Described(P.ERROR, [Symbol(condition), description])
-
-
-def _condition(err: errors.AmqpReplyError) -> str:
-    from .amqp10_connection import condition_of
-
-    return condition_of(err)
-
-
-def _text(err: errors.AmqpReplyError) -> str:
-    from .amqp10_connection import description
-
-    return description(err)
-
-
-def parse_address(address: Any) -> tuple[str, str, str | None]:
-    """(kind, name, routing key) of an address v2: ("queue", q, None), ("exchange", e, key or None)."""
-    if not isinstance(address, str):
-        raise errors.NotFound("address is required")  # turned into amqp:invalid-field by the caller
-    parts = address.split("/")
-    if len(parts) == 3 and parts[1] == "queues" and parts[2]:
-        return "queue", urllib.parse.unquote(parts[2]), None
-    if len(parts) in (3, 4) and parts[1] == "exchanges" and parts[2]:
-        return "exchange", urllib.parse.unquote(parts[2]), urllib.parse.unquote(parts[3]) if len(parts) == 4 else None
-    raise errors.SyntaxError_(f"bad address '{address}'")
 
 
 def attach(session: Session, fields: list[Any]) -> None:
@@ -85,7 +62,7 @@ def attach(session: Session, fields: list[Any]) -> None:
             link.start(address)
             reply += [source, target, None, None, None, session.connection.server.max_message_size]
     except errors.AmqpReplyError as err:
-        condition = "amqp:invalid-field" if isinstance(err, errors.SyntaxError_) else _condition(err)
+        condition = "amqp:invalid-field" if isinstance(err, errors.SyntaxError_) else condition_of(err)
         # The refused terminus is a null, which the fields after it keep in place.
         reply += (
             [None, None, None, None, UInt(0)]
@@ -93,7 +70,7 @@ def attach(session: Session, fields: list[Any]) -> None:
             else [source, None, None, None, None, session.connection.server.max_message_size]
         )
         session.send(P.ATTACH, reply)
-        session.send(P.DETACH, [UInt(handle), True, _error(condition, _text(err))])
+        session.send(P.DETACH, [UInt(handle), True, _error(condition, description(err))])
         return
     if properties.get(Symbol("paired")) is True or properties.get("paired") is True:
         reply += [None] * (13 - len(reply)) + [{Symbol("paired"): True}]
@@ -364,11 +341,9 @@ class IncomingLink:
             self.session.links.pop(self.handle, None)
             self.session.send(P.DETACH, [UInt(self.handle), True, _error("amqp:link:message-size-exceeded", text)])
             return
-        from .amqp10_publish import publish
-
         outcome = publish(self.session.connection, self.target, raw)
         if not settled:
             self.session.outcome(delivery_id, outcome)
 
 
-__all__ = ["LINK_CREDIT", "IncomingLink", "LinkConsumer", "OutgoingLink", "attach", "parse_address"]
+__all__ = ["LINK_CREDIT", "IncomingLink", "LinkConsumer", "OutgoingLink", "attach"]

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from spark_amqp import errors
 from spark_amqp.amqp10 import sections
 
-from .amqp10_connection import description
+from .amqp10_frames import description
 from .amqp10_links import OutgoingLink
 from .stream_typed import encode
 

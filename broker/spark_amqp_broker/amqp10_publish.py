@@ -18,8 +18,7 @@ from spark_amqp.amqp10.performatives import Performative as P
 from spark_amqp.amqp10.types import Described, Symbol, encode
 
 from . import amqp10_convert as convert
-from .amqp10_connection import condition_of, description
-from .amqp10_links import parse_address
+from .amqp10_frames import condition_of, description, parse_address
 
 if TYPE_CHECKING:
     from .amqp10_connection import Amqp10Connection
@@ -59,9 +58,9 @@ def publish(connection: Amqp10Connection, target: tuple[str, str, str | None] | 
     """Route and enqueue ``raw`` (a whole message); the outcome's encoding."""
     server = connection.server
     try:
-        form = convert.parse(raw)
+        form, known = convert.received(raw)
         exchange, key = _route(connection, target, form)
-        message = convert.message_of(form, exchange, key)
+        message = convert.message_of(form, exchange, key, known, raw)
         queues = server.vhost.route(exchange, message)
     except errors.SyntaxError_ as err:
         return _rejected("amqp:invalid-field", description(err))

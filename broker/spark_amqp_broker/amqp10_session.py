@@ -16,6 +16,7 @@ from spark_amqp.amqp10 import performatives as p
 from spark_amqp.amqp10.performatives import Performative as P
 from spark_amqp.amqp10.types import UInt, UShort, encode
 
+from .amqp10_frames import performative
 from .amqp10_links import IncomingLink, OutgoingLink, attach
 
 if TYPE_CHECKING:
@@ -39,15 +40,13 @@ class Session:
         self.next_incoming_id = int(fields[1]) if len(fields) > 1 and fields[1] is not None else 0
         self.remote_window = int(fields[2]) if len(fields) > 2 and fields[2] is not None else 0
         self._incoming_left = INCOMING_WINDOW
-        self._outcomes: list[bytes] = []  # dispositions for publishes, held while confirms are
+        self._outcomes: list[tuple[int, bytes]] = []  # publishes' (delivery id, outcome), held while confirms are
 
     def begin(self) -> None:
         fields = [UShort(self.channel), UInt(self.next_outgoing_id), UInt(INCOMING_WINDOW), UInt(OUTGOING_WINDOW), UInt(HANDLE_MAX)]
         self.send(P.BEGIN, fields)
 
     def send(self, code: int, fields: list[Any]) -> None:
-        from .amqp10_connection import performative
-
         self.connection.write(performative(self.channel, code, fields))
 
     def write_frame(self, data: bytes) -> None:
@@ -65,7 +64,7 @@ class Session:
     def on_frame(self, frame: p.Frame) -> None:
         code, fields = frame.code, frame.fields
         if code == P.TRANSFER:
-            self._on_transfer(fields, frame.payload)
+            self.on_transfer(fields, frame.payload)
         elif code == P.DISPOSITION:
             self._on_disposition(fields)
         elif code == P.FLOW:
@@ -80,7 +79,7 @@ class Session:
         else:
             raise errors.FrameError(f"unexpected performative {code:#04x}")
 
-    def _on_transfer(self, fields: list[Any], payload: bytes) -> None:
+    def on_transfer(self, fields: list[Any], payload: bytes) -> None:
         self.next_incoming_id = (self.next_incoming_id + 1) & _SERIAL
         self._incoming_left -= 1
         if self._incoming_left < INCOMING_WINDOW // 2:
@@ -157,15 +156,28 @@ class Session:
 
     def outcome(self, delivery_id: int, state: bytes) -> None:
         """A publish's outcome (settled), held while the broker holds its confirms."""
-        head = encode(True) + encode(UInt(delivery_id)) + encode(UInt(delivery_id)) + encode(True) + state
-        frame = p.frame(self.channel, b"\x00\x53\x15\xc0" + bytes((len(head) + 1, 5)) + head if len(head) < 255 else _long_list(head))
-        self._outcomes.append(frame)
+        self._outcomes.append((delivery_id, state))
         self.connection.schedule_flush()
 
     def release_outcomes(self) -> None:
-        if self._outcomes:
-            outcomes, self._outcomes = self._outcomes, []
-            self.connection._out.extend(outcomes)
+        """The outcomes decided, one disposition for each run of consecutive ids with the same one (as RabbitMQ)."""
+        if not self._outcomes:
+            return
+        outcomes, self._outcomes = self._outcomes, []
+        out = self.connection._out
+        first, last, state = outcomes[0][0], outcomes[0][0], outcomes[0][1]
+        for delivery_id, next_state in outcomes[1:]:
+            if delivery_id == (last + 1) & _SERIAL and next_state == state:
+                last = delivery_id
+                continue
+            out.append(self._disposition(first, last, state))
+            first, last, state = delivery_id, delivery_id, next_state
+        out.append(self._disposition(first, last, state))
+
+    def _disposition(self, first: int, last: int, state: bytes) -> bytes:
+        head = encode(True) + encode(UInt(first)) + encode(UInt(last)) + encode(True) + state
+        body = b"\x00\x53\x15\xc0" + bytes((len(head) + 1, 5)) + head if len(head) < 255 else _long_list(head)
+        return p.frame(self.channel, body)
 
     def wake(self) -> None:
         """Credit or window opened: the queues of this session's consumers deliver again."""

@@ -21,7 +21,7 @@ from spark_amqp import errors
 from spark_amqp.rabbitmq import MAX_MESSAGE_SIZE_4X
 
 from . import timeouts
-from .amqp10_connection import condition_of
+from .amqp10_frames import condition_of
 from .connection import BrokerConnection
 from .faults import Faults
 from .handshake import MODELLED_VERSION

@@ -283,3 +283,42 @@ def test_a_dropped_connection_sends_its_unsettled_deliveries_back(embedded_broke
 @pytest.fixture
 def embedded_broker(embedded: Any) -> Any:
     return embedded
+
+
+def test_a_message_published_over_1_0_to_a_stream_reads_over_both_protocols(url: str) -> None:
+    s = declare(url, "stream")
+    message = amqp10.encode(
+        b"a",
+        header=[True, UByte(4)],
+        annotations={Symbol("x-stream-filter-value"): "f", Symbol("x-foo"): "bar"},
+        properties=["id1"],
+        application_properties={"k": 1},
+    )
+    first = {Symbol("rabbitmq:stream-offset-spec"): Described(Symbol("rabbitmq:stream-offset-spec"), "first")}
+
+    async def body(client: Amqp10Client) -> amqp10.Sections:
+        assert [code for code, _ in await publish(client, f"/queues/{s}", [message, amqp10.encode(b"b")])] == [P.ACCEPTED] * 2
+        receiver, got = await read(client, f"/queues/{s}", 2, first)
+        await receiver.detach()
+        return [amqp10.sections(m) for _, m in got]
+
+    try:
+        over_10 = run(url, body)
+        conn = pika.BlockingConnection(pika.URLParameters(url))
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=10)
+        over_091 = consume_n(conn, ch, s, 2, arguments={"x-stream-offset": "first"})
+        conn.close()
+    finally:
+        delete(url, s)
+    assert [x.header for x in over_10] == [[True, 4, None, True, 0], [False, None, None, True, 0]]  # no header: not durable
+    assert list(over_10[0].annotations.items()) == [
+        ("x-stream-offset", 0),
+        ("x-routing-key", s),
+        ("x-exchange", ""),
+        ("x-stream-filter-value", "f"),
+        ("x-foo", "bar"),
+    ]
+    props = [p for _, p, _ in over_091]
+    assert [p.delivery_mode for p in props] == [2, 1] and props[0].priority == 4 and props[0].message_id == "id1"
+    assert props[0].headers == {"k": 1, "x-foo": "bar", "x-stream-filter-value": "f", "x-stream-offset": 0}
