@@ -27,7 +27,10 @@ __all__ = ["Form", "delivery_bytes", "form_of", "message_of", "parse", "properti
 _Q = struct.Struct(">q")
 _HEADER, _DELIVERY_ANNOTATIONS, _ANNOTATIONS = 0x70, 0x71, 0x72
 # Annotations the broker writes itself on every delivery: a publisher's are not kept (RabbitMQ's filter).
-_OWN = frozenset(("x-exchange", "x-routing-key", "x-stream-offset", "x-acquired-count", "x-delivery-count"))
+_DEATHS = tuple(f"x-{which}-death-{field}" for which in ("first", "last") for field in ("reason", "queue", "exchange"))
+_OWN = frozenset(
+    ("x-exchange", "x-routing-key", "x-stream-offset", "x-acquired-count", "x-delivery-count", "x-death", "x-opt-deaths", *_DEATHS)
+)
 _ROUTING = frozenset(("x-exchange", "x-routing-key"))
 
 
@@ -43,6 +46,10 @@ class Form:
         self.ttl = ttl
         self.annotations = annotations
         self.bare = bare
+
+    def without_ttl(self) -> Form:
+        """The form of a dead-lettered copy whose expiration went (RabbitMQ resets the ttl)."""
+        return Form(self.durable, self.priority, None, self.annotations, self.bare)
 
 
 def _split_map(data: bytes, pos: int) -> tuple[list[tuple[Any, bytes]], int]:
@@ -210,8 +217,26 @@ def delivery_bytes(message: Message, quorum: bool) -> bytes:
             extra.append(_long("x-acquired-count", message.acquired))
         if count:
             extra.append(_long("x-delivery-count", count))
+    if message.deaths:
+        extra += _deaths(message)
     first = not message.redelivered and count == 0 and not message.deaths
     return _encode(form, message.exchange, message.routing_key, first, count, extra)
+
+
+def _deaths(message: Message) -> list[bytes]:
+    """A dead-lettered message's annotations as RabbitMQ 4.3 sends them over AMQP 1.0: the last and the first death,
+    then ``x-opt-deaths`` (newest first; its times are the broker's, to the second), where AMQP 0-9-1 has x-death."""
+    last, first = message.deaths[0], message.first_death or message.deaths[-1]
+    out = [_utf8(f"x-last-death-{k}", v) for k, v in (("reason", last.reason), ("queue", last.queue), ("exchange", last.exchange))]
+    out += [_utf8(f"x-first-death-{k}", v) for k, v in (("reason", first.reason), ("queue", first.queue), ("exchange", first.exchange))]
+    records = []
+    for d in message.deaths:
+        at = ("timestamp", d.time * 1000)
+        fields = [("queue", ("utf8", d.queue)), ("reason", ("symbol", d.reason)), ("count", ("ulong", d.count)), ("first-time", at)]
+        fields += [("last-time", at), ("exchange", ("utf8", d.exchange)), ("routing-keys", ("list", [("utf8", d.routing_key)]))]
+        records.append(("map", [(("symbol", k), v) for k, v in fields]))
+    out.append(_annotation("x-opt-deaths", encode(("list", records))))
+    return out
 
 
 def properties(form: Form) -> list[Any]:

@@ -200,6 +200,8 @@ def dead_letter(message: Message, queue: str, reason: str, exchange: str, routin
         message.body,
     )
     dead.deaths, dead.first_death = deaths, first
+    if message.amqp10 is not None:  # what an AMQP 1.0 consumer is sent stays the publisher's (amqp10_convert.Form)
+        dead.amqp10 = message.amqp10 if expiration is None else message.amqp10.without_ttl()
     return dead
 
 

@@ -322,3 +322,42 @@ def test_a_message_published_over_1_0_to_a_stream_reads_over_both_protocols(url:
     props = [p for _, p, _ in over_091]
     assert [p.delivery_mode for p in props] == [2, 1] and props[0].priority == 4 and props[0].message_id == "id1"
     assert props[0].headers == {"k": 1, "x-foo": "bar", "x-stream-filter-value": "f", "x-stream-offset": 0}
+
+
+def test_a_dead_lettered_message_carries_its_deaths_as_rabbitmq_4_3_annotates_them(url: str) -> None:
+    dlq = declare(url)
+    q = declare(url, "quorum", **{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dlq})
+
+    async def body(client: Amqp10Client) -> list[amqp10.Sections]:
+        await publish(client, f"/queues/{q}", [amqp10.encode(b"a", properties=["id"], application_properties={"k": 1})])
+        receiver, got = await read(client, f"/queues/{q}", 1)
+        receiver.settle(got[0][0], got[0][0], Outcome.rejected("amqp:internal-error", "no"))
+        await receiver.detach()
+        dead, died = await read(client, f"/queues/{dlq}", 1)
+        dead.settle(died[0][0], died[0][0])
+        await dead.detach()
+        return [amqp10.sections(m) for _, m in died]
+
+    try:
+        (message,) = run(url, body)
+    finally:
+        delete(url, q, dlq)
+    assert message.header[3] is False and message.property("message_id") == "id" and message.application_properties == {"k": 1}
+    annotations = message.annotations
+    assert "x-death" not in annotations and [k for k in annotations][:6] == [
+        "x-last-death-reason",
+        "x-last-death-queue",
+        "x-last-death-exchange",
+        "x-first-death-reason",
+        "x-first-death-queue",
+        "x-first-death-exchange",
+    ]
+    (death,) = annotations["x-opt-deaths"]
+    assert {k: death[k] for k in ("queue", "reason", "count", "exchange", "routing-keys")} == {
+        "queue": q,
+        "reason": "rejected",
+        "count": 1,
+        "exchange": "",
+        "routing-keys": [q],
+    }
+    assert annotations["x-routing-key"] == dlq and annotations["x-exchange"] == ""
