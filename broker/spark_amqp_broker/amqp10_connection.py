@@ -272,6 +272,15 @@ class Amqp10Connection(asyncio.Protocol):
         self.sessions[channel] = session
         session.begin()
 
+    def alarm_cleared(self) -> None:
+        """Publishers whose credit an alarm held back get it."""
+        from .amqp10_links import IncomingLink
+
+        for session in self.sessions.values():
+            for link in list(session.links.values()):
+                if isinstance(link, IncomingLink) and link.blocked:
+                    link.grant()
+
     # -- heartbeats ------------------------------------------------------------------------
 
     def _tick(self) -> float:

@@ -284,6 +284,7 @@ class IncomingLink:
         self.name = name
         self.target: tuple[str, str, str | None] | None = None  # None: each message's ``to``
         self.management = False
+        self.blocked = False  # credit withheld for an alarm
         self.delivery_count = 0
         self.credit = 0
         self._parts: list[bytes] = []
@@ -305,8 +306,14 @@ class IncomingLink:
         self.target = (kind, name, key)
 
     def attached(self) -> None:
-        self.credit = LINK_CREDIT
-        self.session.flow([UInt(self.handle), UInt(self.delivery_count), UInt(self.credit)])
+        self.grant()
+
+    def grant(self) -> None:
+        """Credit to LINK_CREDIT; none during a memory or disk alarm (RabbitMQ blocks publishers so), until it clears."""
+        self.blocked = not self.management and self.session.connection.server.faults.alarm is not None
+        if not self.blocked:
+            self.credit = LINK_CREDIT
+            self.session.flow([UInt(self.handle), UInt(self.delivery_count), UInt(self.credit)])
 
     def on_flow(self, fields: list[Any]) -> None:
         if len(fields) > 9 and fields[9]:
@@ -328,8 +335,7 @@ class IncomingLink:
         self.delivery_count = (self.delivery_count + 1) & _SERIAL
         self.credit -= 1
         if self.credit <= LINK_CREDIT // 2:
-            self.credit = LINK_CREDIT
-            self.session.flow([UInt(self.handle), UInt(self.delivery_count), UInt(self.credit)])
+            self.grant()
         if self.management:
             from .amqp10_management import answer
 

@@ -1,8 +1,9 @@
 """The broker server and ``EmbeddedBroker``, which runs it on a thread of its own.
 
-The broker listens for AMQP 0-9-1 and, on a port of its own, for RabbitMQ's stream
-protocol (``stream_port``); both serve the same vhost, so a stream declared over one is
-read and written over the other.
+The broker listens for AMQP 0-9-1 and AMQP 1.0 on one port (the protocol header chooses, as on
+RabbitMQ 4.x: ``amqp10_connection``) and, on a port of its own, for RabbitMQ's stream protocol
+(``stream_port``); all serve the same vhost, so a queue or a stream declared over one is read and
+written over the others.
 """
 
 from __future__ import annotations
@@ -133,7 +134,7 @@ class _Refuser(asyncio.Protocol):
 
 
 class EmbeddedBroker:
-    """An in-memory AMQP 0-9-1 broker on its own event-loop thread, with RabbitMQ's stream protocol.
+    """An in-memory AMQP 0-9-1 and AMQP 1.0 broker on its own event-loop thread, with RabbitMQ's stream protocol.
 
     >>> with EmbeddedBroker() as broker:
     ...     url = broker.url   # amqp://guest:guest@127.0.0.1:<port>/%2F
@@ -303,7 +304,8 @@ class EmbeddedBroker:
 
     def raise_alarm(self, reason: str = "low on memory") -> None:
         """A memory or disk alarm, as RabbitMQ raises one: ``connection.blocked`` to every client that takes it
-        (now and on connecting), and no publish confirmed until ``clear_alarm``."""
+        (now and on connecting), and no publish confirmed until ``clear_alarm``; AMQP 1.0 publishers get no more
+        credit until then."""
 
         def apply(s: BrokerServer) -> None:
             s.faults.alarm = reason
@@ -318,6 +320,8 @@ class EmbeddedBroker:
         def apply(s: BrokerServer) -> None:
             s.faults.alarm = None
             _release(s)
+            for amqp10_conn in list(s.amqp10_connections):
+                amqp10_conn.alarm_cleared()
             for conn in s.connections:
                 if conn.state == "running" and conn.client_capability("connection.blocked"):
                     conn.send_method(0, commands.Connection.Unblocked())

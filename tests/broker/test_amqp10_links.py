@@ -361,3 +361,24 @@ def test_a_dead_lettered_message_carries_its_deaths_as_rabbitmq_4_3_annotates_th
         "routing-keys": [q],
     }
     assert annotations["x-routing-key"] == dlq and annotations["x-exchange"] == ""
+
+
+def test_an_alarm_holds_publishers_credit_and_outcomes_until_it_clears(embedded_broker: Any) -> None:
+    url = embedded_broker.url
+    q = declare(url)
+
+    async def body(client: Amqp10Client) -> tuple[int, int, int]:
+        outcomes: list[int] = []
+        sender = await client.sender(f"/queues/{q}", lambda first, last, code, values: outcomes.extend(range(first, last + 1)))
+        await until(lambda: sender.credit > 0)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, embedded_broker.raise_alarm)
+        while sender.credit > 0:
+            sender.send(amqp10.encode(b"x"))
+        await asyncio.sleep(0.3)
+        held, credit = len(outcomes), sender.credit
+        await loop.run_in_executor(None, embedded_broker.clear_alarm)
+        await until(lambda: sender.credit > 0 and len(outcomes) == 170)
+        return held, credit, len(outcomes)
+
+    assert run(url, body) == (0, 0, 170)  # no outcome and no credit while the alarm lasts
