@@ -5,6 +5,7 @@ streams, and the management node."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from typing import Any
 
@@ -16,7 +17,7 @@ from spark_amqp.amqp10.performatives import Outcome
 from spark_amqp.amqp10.performatives import Performative as P
 from spark_amqp.amqp10.types import Described, Symbol, UByte, UInt
 from spark_amqp.amqp10_client import Amqp10Client
-from spark_amqp.errors import AmqpProtocolError
+from spark_amqp.errors import AmqpProtocolError, ConnectionForced
 
 from ..broker.helpers import consume_n
 from .amqp10_helpers import declare, delete, embedded, publish, read, run, until, url
@@ -382,3 +383,27 @@ def test_an_alarm_holds_publishers_credit_and_outcomes_until_it_clears(embedded_
         return held, credit, len(outcomes)
 
     assert run(url, body) == (0, 0, 170)  # no outcome and no credit while the alarm lasts
+
+
+def test_fault_injection_reaches_amqp_1_0_connections(embedded_broker: Any) -> None:
+    url = embedded_broker.url
+
+    async def closed(client: Amqp10Client) -> Any:
+        loop = asyncio.get_running_loop()
+        assert await loop.run_in_executor(None, lambda: embedded_broker.close_connections(320, "shutting down")) == 1
+        return await asyncio.wait_for(client.closed, 10)
+
+    reason = run(url, closed)
+    assert isinstance(reason, ConnectionForced) and "amqp:connection:forced" in str(reason)
+    assert embedded_broker.amqp10_connection_count() == 0
+
+    embedded_broker.stall_opens()
+    started = time.monotonic()
+    with pytest.raises(AmqpProtocolError):
+        run(url, lambda client: asyncio.sleep(0), connectionTimeout="1")
+    assert time.monotonic() - started < 5
+    embedded_broker.stall_opens(False)
+
+    embedded_broker.refuse_connections(5)
+    with pytest.raises(AmqpProtocolError):
+        run(url, lambda client: asyncio.sleep(0), connectionTimeout="1")
