@@ -29,7 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     broker.start()
     logging.info(
-        "embedded AMQP broker listening on %s:%s (AMQP 0-9-1 and 1.0), stream protocol on %s (in memory only)", args.host, broker.port, broker.stream_port
+        "embedded AMQP broker listening on %s:%s (AMQP 0-9-1 and 1.0), stream protocol on %s (in memory only)",
+        args.host,
+        broker.port,
+        broker.stream_port,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
