@@ -157,7 +157,9 @@ class OutgoingLink:
         self.send(convert.delivery_bytes(message, queue.is_quorum), queue, message)
 
     def send(self, payload: bytes, queue: Queue | None, message: Message | None) -> None:
-        delivery_id = self.session.transfer(self.handle, payload, self.settled or queue is None)
+        """One delivery: tracked until settled when ``queue`` and ``message`` say what to give back; a stream's goes
+        unsettled too (the client settles it, which deletes nothing), the management node's settled."""
+        delivery_id = self.session.transfer(self.handle, payload, self.settled or self.replies is not None)
         self.credit -= 1
         self.delivery_count = (self.delivery_count + 1) & _SERIAL
         if queue is not None and message is not None and not self.settled:
