@@ -211,12 +211,12 @@ def delivery_bytes(message: Message, quorum: bool) -> bytes:
     ``x-delivery-count``). Measured on RabbitMQ 4.3.6 (tests/broker/test_amqp10_links.py)."""
     form = form_of(message)
     extra: list[bytes] = []
-    count = message.delivery_count
+    count = message.delivery_count or message.carried
     if quorum:
         if message.acquired:
             extra.append(_long("x-acquired-count", message.acquired))
-        if count:
-            extra.append(_long("x-delivery-count", count))
+        if message.delivery_count:
+            extra.append(_long("x-delivery-count", message.delivery_count))
     if message.deaths:
         extra += _deaths(message)
     first = not message.redelivered and count == 0 and not message.deaths

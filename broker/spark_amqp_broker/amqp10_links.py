@@ -231,7 +231,8 @@ class OutgoingLink:
             if code == P.ACCEPTED:
                 pass
             elif code == P.REJECTED or (code == P.MODIFIED and elsewhere):
-                for message in messages:
+                for message in messages:  # a failed delivery, as RabbitMQ counts it, but for modified's say
+                    message.delivery_count += code == P.REJECTED or failed
                     queue.reject(message)
             elif code == P.MODIFIED:
                 queue.requeue(messages, counted=failed)

@@ -24,6 +24,7 @@ class Message:
         "acquired",
         "amqp10",
         "body",
+        "carried",
         "deaths",
         "delivery_count",
         "exchange",
@@ -47,6 +48,9 @@ class Message:
         # count towards its delivery-limit (x-delivery-count), as RabbitMQ 4.3 keeps them.
         self.acquired = 0
         self.delivery_count = 0
+        # The failed deliveries an AMQP 1.0 consumer is told of that happened in a queue it was dead-lettered
+        # from (RabbitMQ carries its delivery_count annotation along; a reject counts one).
+        self.carried = 0
         # Where it was dead-lettered before, newest first: what the broker itself recorded,
         # never an x-death header a publisher sent (RabbitMQ 4.x keeps it as annotations).
         self.deaths: list[Death] = []
@@ -200,6 +204,7 @@ def dead_letter(message: Message, queue: str, reason: str, exchange: str, routin
         message.body,
     )
     dead.deaths, dead.first_death = deaths, first
+    dead.carried = message.delivery_count or message.carried
     if message.amqp10 is not None:  # what an AMQP 1.0 consumer is sent stays the publisher's (amqp10_convert.Form)
         dead.amqp10 = message.amqp10 if expiration is None else message.amqp10.without_ttl()
     return dead

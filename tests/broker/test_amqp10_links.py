@@ -343,7 +343,9 @@ def test_a_dead_lettered_message_carries_its_deaths_as_rabbitmq_4_3_annotates_th
         (message,) = run(url, body)
     finally:
         delete(url, q, dlq)
-    assert message.header[3] is False and message.property("message_id") == "id" and message.application_properties == {"k": 1}
+    # A rejection is a failed delivery: the copy's delivery-count says so (RabbitMQ 4.3.6 carries its count along).
+    assert message.header == [False, None, None, False, 1]
+    assert message.property("message_id") == "id" and message.application_properties == {"k": 1}
     annotations = message.annotations
     assert "x-death" not in annotations and [k for k in annotations][:6] == [
         "x-last-death-reason",
@@ -407,3 +409,32 @@ def test_fault_injection_reaches_amqp_1_0_connections(embedded_broker: Any) -> N
     embedded_broker.refuse_connections(5)
     with pytest.raises(AmqpProtocolError):
         run(url, lambda client: asyncio.sleep(0), connectionTimeout="1")
+
+
+@pytest.mark.parametrize("kind", ["classic", "quorum"])
+def test_a_0_9_1_reject_counts_a_failed_delivery_on_the_dead_copy_and_a_nack_does_not(url: str, kind: str) -> None:
+    dlq = declare(url)
+    q = declare(url, kind, **{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dlq})
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.basic_publish("", q, b"rejected")
+    ch.basic_publish("", q, b"nacked")
+    method, _, _ = ch.basic_get(q)
+    ch.basic_reject(method.delivery_tag, requeue=False)
+    method, _, _ = ch.basic_get(q)
+    ch.basic_nack(method.delivery_tag, requeue=True)
+    method, _, _ = ch.basic_get(q)
+    ch.basic_nack(method.delivery_tag, requeue=False)
+    conn.close()
+
+    async def body(client: Amqp10Client) -> list[tuple[bytes | None, int]]:
+        receiver, got = await read(client, f"/queues/{dlq}", 2)
+        receiver.settle(got[0][0], got[-1][0])
+        await receiver.detach()
+        return [(amqp10.sections(m).body, amqp10.sections(m).header[4]) for _, m in got]
+
+    try:
+        assert run(url, body) == [(b"rejected", 1), (b"nacked", 0)]
+    finally:
+        delete(url, q, dlq)
