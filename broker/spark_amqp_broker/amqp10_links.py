@@ -240,8 +240,9 @@ class OutgoingLink:
                 queue.requeue(messages, counted=False)
             queue.dispatch()
 
-    def detached(self) -> None:
-        """The link ended (detach, end, a lost connection): its unsettled deliveries go back, counted as returns."""
+    def detached(self, by_detach: bool = False) -> None:
+        """The link ended: its unsettled deliveries go back. RabbitMQ 4.3 counts them as failed deliveries, but for a
+        quorum queue's when the client detached the link (its session and connection going count there too)."""
         self.open = False
         queue, consumer = self.queue, self.consumer
         if queue is None or consumer is None:
@@ -256,7 +257,7 @@ class OutgoingLink:
             q.unacked -= 1
             by_queue.setdefault(q, []).append(message)
         for q, messages in by_queue.items():
-            q.requeue(messages, counted=q.is_quorum)  # a quorum queue counts the return (4.3), a classic one no failure
+            q.requeue(messages, counted=not (by_detach and q.is_quorum))
         self.session.connection.server.vhost.consumer_gone(queue)
 
 
@@ -322,7 +323,7 @@ class IncomingLink:
         if len(fields) > 9 and fields[9]:
             self.session.flow([UInt(self.handle), UInt(self.delivery_count), UInt(self.credit)])
 
-    def detached(self) -> None:
+    def detached(self, by_detach: bool = False) -> None:
         self._parts = []
 
     def on_transfer(self, fields: list[Any], payload: bytes) -> None:

@@ -74,7 +74,7 @@ class Session:
         elif code == P.DETACH:
             link = self.links.pop(int(fields[0]), None)
             if link is not None:
-                link.detached()
+                link.detached(by_detach=True)
                 self.send(P.DETACH, [UInt(link.handle), True])
         else:
             raise errors.FrameError(f"unexpected performative {code:#04x}")

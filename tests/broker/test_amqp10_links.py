@@ -438,3 +438,34 @@ def test_a_0_9_1_reject_counts_a_failed_delivery_on_the_dead_copy_and_a_nack_doe
         assert run(url, body) == [(b"rejected", 1), (b"nacked", 0)]
     finally:
         delete(url, q, dlq)
+
+
+@pytest.mark.parametrize("kind", ["classic", "quorum"])
+def test_unsettled_deliveries_come_back_counted_but_a_quorum_queue_does_not_count_a_detach(url: str, kind: str) -> None:
+    q = declare(url, kind)
+
+    async def hold(client: Amqp10Client, detach: bool) -> None:
+        await publish(client, f"/queues/{q}", [amqp10.encode(b"x")])
+        receiver, _ = await read(client, f"/queues/{q}", 1)
+        if detach:
+            await receiver.detach()  # else the connection closes with it unsettled
+
+    async def again(client: Amqp10Client) -> tuple[list[Any], Any, Any]:
+        receiver, got = await read(client, f"/queues/{q}", 1)
+        receiver.settle(got[0][0], got[0][0])
+        await receiver.detach()
+        parts = amqp10.sections(got[0][1])
+        return parts.header[3:], parts.annotations.get("x-acquired-count"), parts.annotations.get("x-delivery-count")
+
+    try:
+        run(url, lambda client: hold(client, True))
+        after_detach = run(url, again)
+        run(url, lambda client: hold(client, False))
+        after_close = run(url, again)
+    finally:
+        delete(url, q)
+    # (first-acquirer and delivery-count, x-acquired-count, x-delivery-count), measured on RabbitMQ 4.3.6
+    if kind == "quorum":
+        assert (after_detach, after_close) == (([False, 0], 1, None), ([False, 1], 1, 1))
+    else:
+        assert (after_detach, after_close) == (([False, 1], None, None), ([False, 1], None, None))
