@@ -38,9 +38,7 @@ def _status(err: errors.AmqpReplyError, default: str = "400") -> str:
         return "404"
     if isinstance(err, errors.AccessRefused):
         return "403"
-    if isinstance(err, errors.ResourceLocked):
-        return "409"  # RabbitMQ 4.x: another connection's exclusive queue
-    return default
+    return default  # another connection's exclusive queue too: RabbitMQ's node answers any other refusal 400
 
 
 def answer(session: Session, link_name: str, raw: bytes) -> None:
