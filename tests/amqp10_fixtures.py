@@ -1,5 +1,6 @@
-"""Fixtures of the AMQP 1.0 tests on RabbitMQ (queue source and sink): each RabbitMQ 4.x in the run, and fresh queues
-on it, deleted after the test. A test module takes them with ``from ..amqp10_fixtures import queues, url``."""
+"""Fixtures of the AMQP 1.0 tests (queue source and sink): the embedded broker (which serves AMQP 1.0 as RabbitMQ 4.3
+does) and each RabbitMQ 4.x in the run, and fresh queues on it, deleted after the test. A test module takes them with
+``from ..amqp10_fixtures import queues, url``."""
 
 from __future__ import annotations
 
@@ -10,18 +11,23 @@ from typing import Any
 import pika
 import pytest
 
-from .brokers import REAL
+from .brokers import EMBEDDED, REAL
 
 AMQP10 = [b for b in REAL if b.version >= (4, 0)]  # AMQP 1.0 is a core protocol of RabbitMQ from 4.0
 
-__all__ = ["AMQP10", "queues", "url"]
+__all__ = ["AMQP10", "is_embedded", "queues", "url"]
 
 
-@pytest.fixture(params=[b.name for b in AMQP10] or ["none"])
+@pytest.fixture(params=["embedded", *(b.name for b in AMQP10)])
 def url(request: pytest.FixtureRequest) -> str:
-    if not AMQP10:
-        pytest.skip("no RabbitMQ 4.x in AMQP_TEST_BROKERS: AMQP 1.0 is a core protocol from 4.0")
+    if request.param == "embedded":
+        return str(request.getfixturevalue("shared_embedded").url)
     return next(b.url for b in AMQP10 if b.name == request.param)
+
+
+def is_embedded(url: str) -> bool:
+    """Whether ``url`` is an embedded broker's (what it does not model is skipped there, saying why)."""
+    return url in EMBEDDED
 
 
 @pytest.fixture

@@ -93,10 +93,16 @@ def tls_ctl(*args: str) -> str:
     return subprocess.run([*command, *args], check=True, capture_output=True, text=True, timeout=60).stdout
 
 
+# The embedded brokers a test run started, by url: checks that take a url alone (counts, dropping connections,
+# reading_url over AMQP 1.0) find them here.
+EMBEDDED: dict[str, EmbeddedBroker] = {}
+
+
 def note_embedded(broker: EmbeddedBroker) -> EmbeddedBroker:
     stream_url = getattr(broker, "stream_url", None)
     if stream_url:
         STREAM_URLS[broker.url] = stream_url
+    EMBEDDED[broker.url] = broker
     return broker
 
 
@@ -133,6 +139,7 @@ def _ctl(url: str, *args: str) -> str:
 
 def counts(url: str, queue: str, embedded: EmbeddedBroker | None) -> tuple[int, int]:
     """(ready, unacked) for ``queue``."""
+    embedded = embedded or EMBEDDED.get(url)
     if embedded is not None and url == embedded.url:
         stats = embedded.queue_stats(queue)
         return stats["ready"], stats["unacked"]
@@ -159,6 +166,7 @@ def publish(url: str, queue: str, bodies: list[bytes], declare: bool = True, **p
 def drop_source_connections(url: str, embedded: EmbeddedBroker | None, name_contains: str = "spark-amqp source") -> int:
     """Cut the connections whose client name holds ``name_contains`` (by default the streaming source's
     consumer connections), as a network failure would; how many were cut."""
+    embedded = embedded or EMBEDDED.get(url)
     if embedded is not None and url == embedded.url:
         return embedded.drop_connections(name_contains=name_contains)
     listing = _ctl(url, "list_connections", "-q", "--no-table-headers", "pid", "client_properties")

@@ -13,7 +13,7 @@ from .server import DEFAULT_CONSUMER_TIMEOUT_MS, EmbeddedBroker
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m spark_amqp_broker",
-        description="In-memory AMQP 0-9-1 broker with RabbitMQ's stream protocol (nothing is persisted).",
+        description="In-memory AMQP 0-9-1 and AMQP 1.0 broker with RabbitMQ's stream protocol (nothing is persisted).",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     parser.add_argument("--port", type=int, default=5672)
@@ -29,7 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     broker.start()
     logging.info(
-        "embedded AMQP broker listening on %s:%s, stream protocol on %s (in memory only)", args.host, broker.port, broker.stream_port
+        "embedded AMQP broker listening on %s:%s (AMQP 0-9-1 and 1.0), stream protocol on %s (in memory only)",
+        args.host,
+        broker.port,
+        broker.stream_port,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -103,6 +103,9 @@ class BrokerConnection(HandshakeMethods, asyncio.Protocol):
                 if not framing.PROTOCOL_HEADER.startswith(bytes(buf[:8])):
                     self._reject_header()
                 return
+            if bytes(buf[:8]) in (AMQP_1_0_SASL_HEADER, AMQP_1_0_HEADER):
+                self._to_amqp10()
+                return
             if bytes(buf[:8]) != framing.PROTOCOL_HEADER:
                 self._reject_header()
                 return
@@ -127,14 +130,27 @@ class BrokerConnection(HandshakeMethods, asyncio.Protocol):
         finally:
             del buf[:offset]
 
+    def _to_amqp10(self) -> None:
+        """An AMQP 1.0 header: RabbitMQ 4.x serves AMQP 1.0 on the same port (``amqp10_connection``)."""
+        from .amqp10_connection import Amqp10Connection
+
+        assert self.transport is not None
+        data = bytes(self.buffer)
+        self.buffer = bytearray()
+        self.state = "closed"
+        if self._heartbeat_timer is not None:
+            self._heartbeat_timer.cancel()
+            self._heartbeat_timer = None
+        self.server.connections.discard(self)  # never counted as an AMQP 0-9-1 connection, nor as one that ended
+        Amqp10Connection(self.server).take_over(self.transport, data)
+
     def _reject_header(self) -> None:
         # RabbitMQ answers a bad header with the header it speaks, then closes. 4.x serves
         # AMQP 1.0 on the same port and offers that (its SASL header) unless the client
-        # asked for another AMQP 0-9 revision; 3.10 always offered 0-9-1. An AMQP 1.0 client
-        # is told 0-9-1, as 3.10 tells it: this broker does not speak AMQP 1.0 yet.
+        # asked for another AMQP 0-9 revision; 3.10 always offered 0-9-1.
         assert self.transport is not None
         asked = bytes(self.buffer[:8])
-        amqp091 = asked.startswith(b"AMQP\x00\x00\x09") or asked in (AMQP_1_0_SASL_HEADER, AMQP_1_0_HEADER)
+        amqp091 = asked.startswith(b"AMQP\x00\x00\x09")
         self.transport.write(framing.PROTOCOL_HEADER if amqp091 else AMQP_1_0_SASL_HEADER)
         self.state = "closed"
         self.transport.close()
@@ -199,7 +215,7 @@ class BrokerConnection(HandshakeMethods, asyncio.Protocol):
 
     def _send_start(self) -> None:
         self.state = "start"
-        start = C.Start(server_properties=handshake.server_properties(), mechanisms="PLAIN AMQPLAIN", locales="en_US")
+        start = C.Start(server_properties=handshake.server_properties(), mechanisms="PLAIN ANONYMOUS AMQPLAIN", locales="en_US")  # 4.3's
         self.send_method(0, start)
 
     def _on_connection_method(self, method: Any) -> None:

@@ -43,6 +43,8 @@ class Consumer:
         self.timeout_ms = timeout_ms  # its x-consumer-timeout argument (quorum queues)
         self.stream_filter: ConsumerFilter | None = None  # its x-stream-filter (streams)
 
+    raw_records = False  # whether a stream gives it its records as stored (deliver_record), not as AMQP 0-9-1
+
     def can_take(self) -> bool:
         channel = self.channel
         if not channel.open or channel.connection.write_paused:
@@ -53,6 +55,9 @@ class Consumer:
 
     def deliver(self, queue: Queue, message: Message) -> None:
         self.channel.deliver(self, queue, message)
+
+    def deliver_record(self, queue: Queue, record: object, offset: int) -> None:
+        raise NotImplementedError  # only consumers with raw_records take records
 
     def cancelled_by_server(self) -> None:
         self.channel.consumer_cancelled_by_server(self)

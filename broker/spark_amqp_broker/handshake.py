@@ -92,7 +92,9 @@ class HandshakeMethods:
         name = (method.client_properties or {}).get("connection_name")
         self.client_name = name.decode("utf-8", "replace") if isinstance(name, bytes) else str(name or "")
         user, password = credentials(method)
-        if not self.server.authenticate(user, password):
+        if method.mechanism == "ANONYMOUS":
+            user = self.server.anonymous_user() or ""
+        if not user or (method.mechanism != "ANONYMOUS" and not self.server.authenticate(user, password)):
             log.info("embedded broker: login refused for user %r from %s", user, self.peer)
             if self.client_capability("authentication_failure_close"):
                 self.close_with(

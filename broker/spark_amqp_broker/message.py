@@ -22,7 +22,9 @@ from . import codec
 class Message:
     __slots__ = (
         "acquired",
+        "amqp10",
         "body",
+        "carried",
         "deaths",
         "delivery_count",
         "exchange",
@@ -46,15 +48,21 @@ class Message:
         # count towards its delivery-limit (x-delivery-count), as RabbitMQ 4.3 keeps them.
         self.acquired = 0
         self.delivery_count = 0
+        # The failed deliveries an AMQP 1.0 consumer is told of that happened in a queue it was dead-lettered
+        # from (RabbitMQ carries its delivery_count annotation along; a reject counts one).
+        self.carried = 0
         # Where it was dead-lettered before, newest first: what the broker itself recorded,
         # never an x-death header a publisher sent (RabbitMQ 4.x keeps it as annotations).
         self.deaths: list[Death] = []
         self.first_death: Death | None = None
+        # What an AMQP 1.0 consumer is sent (amqp10_convert.Form): the message as an AMQP 1.0 publisher sent it,
+        # or its conversion, made on its first such delivery.
+        self.amqp10: Any = None
 
     def copy_for_queue(self) -> Message:
         """Each queue owns its position, TTL, redelivered flag and return counts; bytes are shared."""
         copy = Message(self.exchange, self.routing_key, self.header, self.body)
-        copy.deaths, copy.first_death = self.deaths, self.first_death
+        copy.deaths, copy.first_death, copy.amqp10 = self.deaths, self.first_death, self.amqp10
         return copy
 
     @property
@@ -196,6 +204,9 @@ def dead_letter(message: Message, queue: str, reason: str, exchange: str, routin
         message.body,
     )
     dead.deaths, dead.first_death = deaths, first
+    dead.carried = message.delivery_count or message.carried
+    if message.amqp10 is not None:  # what an AMQP 1.0 consumer is sent stays the publisher's (amqp10_convert.Form)
+        dead.amqp10 = message.amqp10 if expiration is None else message.amqp10.without_ttl()
     return dead
 
 

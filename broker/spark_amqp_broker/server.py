@@ -1,8 +1,9 @@
 """The broker server and ``EmbeddedBroker``, which runs it on a thread of its own.
 
-The broker listens for AMQP 0-9-1 and, on a port of its own, for RabbitMQ's stream
-protocol (``stream_port``); both serve the same vhost, so a stream declared over one is
-read and written over the other.
+The broker listens for AMQP 0-9-1 and AMQP 1.0 on one port (the protocol header chooses, as on
+RabbitMQ 4.x: ``amqp10_connection``) and, on a port of its own, for RabbitMQ's stream protocol
+(``stream_port``); all serve the same vhost, so a queue or a stream declared over one is read and
+written over the others.
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ from spark_amqp import errors
 from spark_amqp.rabbitmq import MAX_MESSAGE_SIZE_4X
 
 from . import timeouts
+from .amqp10_frames import condition_of
 from .connection import BrokerConnection
 from .faults import Faults
 from .handshake import MODELLED_VERSION
 from .vhost import VirtualHost
 
 if TYPE_CHECKING:
+    from .amqp10_connection import Amqp10Connection
     from .stream_port import StreamConnection
 
 log = logging.getLogger("spark_amqp_broker")
@@ -60,6 +63,7 @@ class BrokerServer:
         self.connections: set[BrokerConnection] = set()
         self.ended: list[tuple[str, str]] = []  # (client connection_name, how it ended)
         self.stream_connections: set[StreamConnection] = set()
+        self.amqp10_connections: set[Amqp10Connection] = set()  # AMQP 1.0 ones, on the AMQP port too
         self.stream_port = 0
         self.advertised_host = "localhost"  # the stream protocol's metadata names it as the leader of every stream
         self._server: asyncio.base_events.Server | None = None
@@ -68,6 +72,10 @@ class BrokerServer:
 
     def authenticate(self, user: str, password: str) -> bool:
         return hmac.compare_digest(user.encode(), self.user.encode()) and hmac.compare_digest(password.encode(), self.password.encode())
+
+    def anonymous_user(self) -> str | None:
+        """Who an ANONYMOUS login is: RabbitMQ 4's anonymous_login_user, guest, when that user is this broker's."""
+        return "guest" if self.user == "guest" else None
 
     def _new_connection(self) -> asyncio.Protocol:
         conn = BrokerConnection(self)
@@ -102,6 +110,8 @@ class BrokerServer:
             conn.drop()
         for stream_conn in list(self.stream_connections):
             stream_conn.drop()
+        for amqp10_conn in list(self.amqp10_connections):
+            amqp10_conn.drop()
         for listener in (self._server, self._stream_server):
             if listener is not None:
                 await listener.wait_closed()
@@ -124,7 +134,7 @@ class _Refuser(asyncio.Protocol):
 
 
 class EmbeddedBroker:
-    """An in-memory AMQP 0-9-1 broker on its own event-loop thread, with RabbitMQ's stream protocol.
+    """An in-memory AMQP 0-9-1 and AMQP 1.0 broker on its own event-loop thread, with RabbitMQ's stream protocol.
 
     >>> with EmbeddedBroker() as broker:
     ...     url = broker.url   # amqp://guest:guest@127.0.0.1:<port>/%2F
@@ -257,6 +267,10 @@ class EmbeddedBroker:
     def connection_count(self) -> int:
         return self.call(lambda s: len(s.connections))
 
+    def amqp10_connection_count(self) -> int:
+        """Open AMQP 1.0 connections (``connection_count`` counts AMQP 0-9-1 ones)."""
+        return self.call(lambda s: len(s.amqp10_connections))
+
     def stream_connection_count(self) -> int:
         """Open stream-protocol connections (``connection_count`` counts AMQP 0-9-1 ones)."""
         return self.call(lambda s: len(s.stream_connections))
@@ -290,7 +304,8 @@ class EmbeddedBroker:
 
     def raise_alarm(self, reason: str = "low on memory") -> None:
         """A memory or disk alarm, as RabbitMQ raises one: ``connection.blocked`` to every client that takes it
-        (now and on connecting), and no publish confirmed until ``clear_alarm``."""
+        (now and on connecting), and no publish confirmed until ``clear_alarm``; AMQP 1.0 publishers get no more
+        credit until then."""
 
         def apply(s: BrokerServer) -> None:
             s.faults.alarm = reason
@@ -305,6 +320,8 @@ class EmbeddedBroker:
         def apply(s: BrokerServer) -> None:
             s.faults.alarm = None
             _release(s)
+            for amqp10_conn in list(s.amqp10_connections):
+                amqp10_conn.alarm_cleared()
             for conn in s.connections:
                 if conn.state == "running" and conn.client_capability("connection.blocked"):
                     conn.send_method(0, commands.Connection.Unblocked())
@@ -312,13 +329,15 @@ class EmbeddedBroker:
         self.call(apply)
 
     def drop_connections(self, count: int | None = None, name_contains: str | None = None) -> int:
-        """Abruptly cut ``count`` client connections (all when None), AMQP 0-9-1 ones first, then stream-protocol
-        ones, optionally only those whose client-provided ``connection_name`` contains ``name_contains``; returns how many."""
+        """Abruptly cut ``count`` client connections (all when None), AMQP 0-9-1 ones first, then AMQP 1.0 ones, then
+        stream-protocol ones, optionally only those whose client-provided ``connection_name`` (AMQP 1.0: the open's
+        ``connection_name`` property) contains ``name_contains``; returns how many."""
 
         def apply(s: BrokerServer) -> int:
             amqp = sorted((c for c in s.connections if name_contains is None or name_contains in c.client_name), key=id)
+            amqp10 = sorted((c for c in s.amqp10_connections if name_contains is None or name_contains in c.client_name), key=id)
             streams = sorted((c for c in s.stream_connections if name_contains is None or name_contains in c.client_name), key=id)
-            victims: list[Any] = [*amqp, *streams]
+            victims: list[Any] = [*amqp, *amqp10, *streams]
             victims = victims if count is None else victims[:count]
             for conn in victims:
                 conn.drop()
@@ -347,7 +366,10 @@ class EmbeddedBroker:
             victims = [c for c in s.connections if name_contains is None or name_contains in c.client_name]
             for conn in victims:
                 conn.close_with(errors.reply_error(reply_code, reply_text, on_connection=True))
-            return len(victims)
+            others = [c for c in s.amqp10_connections if name_contains is None or name_contains in c.client_name]
+            for other in others:  # AMQP 1.0: a close with the condition RabbitMQ gives for the code
+                other.close_with(condition_of(errors.reply_error(reply_code, reply_text, on_connection=True)), reply_text)
+            return len(victims) + len(others)
 
         return self.call(apply)
 
@@ -390,3 +412,5 @@ def _release(server: BrokerServer) -> None:
     server.faults.confirms_held = False
     for conn in list(server.connections):
         conn.schedule_flush()
+    for amqp10_conn in list(server.amqp10_connections):
+        amqp10_conn.schedule_flush()

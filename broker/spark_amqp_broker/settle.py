@@ -30,6 +30,7 @@ ACK = "ack"
 REQUEUE = "requeue"  # basic.nack(requeue) / basic.recover: not counted
 RETURN = "return"  # basic.reject(requeue), a closed channel or connection: counted
 DISCARD = "discard"  # nack or reject without requeue: dead-lettered if the queue says so
+REJECT = "reject"  # a discard that is a failed delivery (basic.reject, AMQP 1.0's rejected): its copy counts it
 
 
 class Unacked(NamedTuple):
@@ -95,8 +96,9 @@ class SettleMethods:
                 by_queue.setdefault(entry.queue, []).append(entry.message)
             for queue, messages in by_queue.items():
                 queue.requeue(messages, counted=how == RETURN)
-        elif how == DISCARD:
+        elif how in (DISCARD, REJECT):
             for entry in entries:
+                entry.message.delivery_count += how == REJECT  # the message is gone: only its dead copy tells
                 entry.queue.reject(entry.message)
         for queue in touched:
             queue.dispatch()
@@ -114,7 +116,7 @@ class SettleMethods:
         self._settle_or_hold(self._take(method.delivery_tag, bool(method.multiple)), REQUEUE if method.requeue else DISCARD)
 
     def _on_reject(self, method: B.Reject) -> None:
-        self._settle_or_hold(self._take(method.delivery_tag or 0, False), RETURN if method.requeue else DISCARD)
+        self._settle_or_hold(self._take(method.delivery_tag or 0, False), RETURN if method.requeue else REJECT)
 
     def _on_recover(self, method: B.Recover) -> None:
         if not method.requeue:

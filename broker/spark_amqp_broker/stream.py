@@ -392,6 +392,9 @@ class StreamQueue:
                 record = chunk.records[index]
                 if isinstance(record, NativeRecord) and record.skipped:
                     continue  # as RabbitMQ 4.x: its offset is missing from what AMQP 0-9-1 readers get
+                if consumer.raw_records:  # an AMQP 1.0 reader: the record as stored, with its offset
+                    consumer.deliver_record(as_queue, record, chunk.first + index)
+                    continue
                 if isinstance(record, NativeRecord):
                     try:
                         record = record.message(self.name)

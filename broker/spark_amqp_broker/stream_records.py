@@ -35,7 +35,17 @@ from .message import Message
 from .stream_args import internal_error
 from .stream_typed import TV, ConversionError, encode, field_entry, fields, read
 
-__all__ = ["NativeRecord", "Record", "SubEntry", "amqp10_bytes", "amqp10_of", "record_size", "with_delivery_mode"]
+__all__ = [
+    "NativeRecord",
+    "Record",
+    "SubEntry",
+    "amqp091_of",
+    "amqp10_bytes",
+    "amqp10_of",
+    "amqp10_parts",
+    "record_size",
+    "with_delivery_mode",
+]
 
 _HEADER, _ANNOTATIONS, _PROPERTIES, _APPLICATION, _DATA, _SEQUENCE, _VALUE = 0x70, 0x72, 0x73, 0x74, 0x75, 0x76, 0x77
 _SECTION_NAMES = {
@@ -77,7 +87,7 @@ class NativeRecord:
     """A stream-protocol publish: its bytes (none for a record of a compressed sub-entry), the filter value
     its publish gave (publish v2), and the sub-entry it came in, if any."""
 
-    __slots__ = ("_message", "entry", "filter_value", "offset", "raw")
+    __slots__ = ("_message", "amqp10", "entry", "filter_value", "offset", "raw")
 
     def __init__(self, raw: bytes, filter_value: str | None = None, entry: SubEntry | None = None) -> None:
         self.raw = raw
@@ -85,6 +95,7 @@ class NativeRecord:
         self.entry = entry
         self.offset = 0
         self._message: Message | None = None
+        self.amqp10: Any = None  # its parts as an AMQP 1.0 reader is sent them (amqp10_convert), made on first read
 
     @property
     def skipped(self) -> bool:
@@ -127,6 +138,13 @@ def with_delivery_mode(header: bytes) -> bytes:
 
 def amqp10_of(message: Message) -> bytes:
     """The AMQP 1.0 record RabbitMQ 4.3 stores for an AMQP 0-9-1 publish to a stream."""
+    header, annotations, bare = amqp10_parts(message)
+    return _section(_HEADER, ("list", header)) + _section(_ANNOTATIONS, ("map", annotations)) + bare
+
+
+def amqp10_parts(message: Message) -> tuple[list[TV], list[tuple[TV, TV]], bytes]:
+    """mc_amqpl's conversion of an AMQP 0-9-1 message: its header's fields, its message annotations, and the
+    sections after them (properties, application properties, body), encoded."""
     _, parts = codec.split_properties(message.header)
     raw = dict(parts)
     text = {name: value[1:] for name, value in raw.items() if name not in ("headers", "delivery_mode", "priority", "timestamp")}
@@ -170,13 +188,13 @@ def amqp10_of(message: Message) -> bytes:
     ]
     while properties and properties[-1] == _NULL:
         properties.pop()
-    out = [_section(_HEADER, ("list", header)), _section(_ANNOTATIONS, ("map", annotations))]
+    out = []
     if properties:
         out.append(_section(_PROPERTIES, ("list", properties)))
     if application:
         out.append(_section(_APPLICATION, ("map", application)))
     out.append(message.body if text.get("message_type") == _AMQP10_TYPE else _section(_DATA, ("binary", message.body)))
-    return b"".join(out)
+    return header, annotations, b"".join(out)
 
 
 def _section(code: int, value: TV) -> bytes:
@@ -209,10 +227,12 @@ def _id(raw: bytes | None) -> TV:
 # -- AMQP 1.0 -> AMQP 0-9-1 -----------------------------------------------------------
 
 
-def amqp091_of(raw: bytes, stream: str, offset: int) -> Message:
-    """An AMQP 1.0 record as RabbitMQ 4.3 gives it to an AMQP 0-9-1 consumer of ``stream``."""
+def amqp091_of(raw: bytes, stream: str, offset: int | None, queued: bool = False) -> Message:
+    """An AMQP 1.0 record as RabbitMQ 4.3 gives it to an AMQP 0-9-1 consumer of ``stream``; ``offset`` None for a
+    message of a classic or quorum queue, ``queued`` for one such a queue holds (RabbitMQ keeps no AMQP 1.0 header
+    there, only its durable flag: false is no delivery mode, true or no header is 2)."""
     try:
-        return _amqp091_of(raw, stream, offset)
+        return _amqp091_of(raw, stream, offset, queued)
     except (errors.DecodeError, ConversionError, UnicodeDecodeError, struct.error, TypeError, ValueError) as err:
         raise internal_error() from err
 
@@ -285,10 +305,12 @@ def _shortstr(value: TV | None) -> bytes | None:
     return raw if len(raw) <= 255 else None
 
 
-def _amqp091_of(raw: bytes, stream: str, offset: int) -> Message:
+def _amqp091_of(raw: bytes, stream: str, offset: int | None, queued: bool = False) -> Message:
     s = _Sections(raw)
     durable, priority, ttl = s.field(s.header, 0), s.field(s.header, 1), s.field(s.header, 2)
     mode = (2 if durable[1] else 1) if durable[0] in ("bool", "boolean") else _unwrap(s.annotation("x-basic-delivery-mode"))
+    if queued:
+        mode = None if durable[0] in ("bool", "boolean") and not durable[1] else 2
     prio = _unwrap(priority) if priority != _NULL else _unwrap(s.annotation("x-basic-priority"))
     expiration = str(ttl[1]) if ttl != _NULL else _unwrap(s.annotation("x-basic-expiration"))
     msg_type = _AMQP10_TYPE if s.value_body else _unwrap(s.annotation("x-basic-type"))
@@ -305,7 +327,7 @@ def _amqp091_of(raw: bytes, stream: str, offset: int) -> Message:
             extra.append(field_entry("timestamp_in_ms", ("long", value[1])))
         elif key.startswith("x-") and len(key) <= 255 and not _internal(key):
             extra.append(field_entry(key, value))
-    stamp = field_entry("x-stream-offset", ("long", offset))
+    stamp = [] if offset is None else [field_entry("x-stream-offset", ("long", offset))]
     user_id = _unwrap(s.field(s.properties, 1))
     if isinstance(user_id, str):
         user_id = user_id.encode("utf-8")
@@ -317,11 +339,11 @@ def _amqp091_of(raw: bytes, stream: str, offset: int) -> Message:
         reply_to = None if _PERCENT.search(quoted) else urllib.parse.unquote_to_bytes(quoted)
     creation = s.field(s.properties, 9)
     timestamp = int(creation[1] / 1000) if creation[0] == "timestamp" else None
-    table = _sorted_unique([stamp, *extra, *headers])
+    table = _sorted_unique([*stamp, *extra, *headers])
     props = [
         ("content_type", _short(_unwrap(s.field(s.properties, 6)))),
         ("content_encoding", _short(_unwrap(s.field(s.properties, 7)))),
-        ("headers", struct.pack(">I", len(table)) + table),
+        ("headers", struct.pack(">I", len(table)) + table if table else None),
         ("delivery_mode", None if mode is None else bytes([mode])),
         ("priority", None if prio is None else bytes([prio])),
         ("correlation_id", _short(correlation_id)),

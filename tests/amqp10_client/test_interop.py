@@ -1,6 +1,6 @@
 """Interop with python-qpid-proton, the reference AMQP 1.0 implementation nobody here wrote: a message it publishes with
 every field set is read by the queue source into the row the mapping says (docs/amqp-1.0.md), and a row the sink
-publishes reaches it with every field, on RabbitMQ 4.x and on ActiveMQ Artemis. Proton is installed into the main
+publishes reaches it with every field, on the embedded broker, RabbitMQ 4.x and ActiveMQ Artemis. Proton is installed into the main
 venv by the Makefile (it builds from its sdist, so not in the test extras the Python 3.13 lane installs)."""
 
 from __future__ import annotations
@@ -35,10 +35,12 @@ NEWEST = max((b for b in REAL if b.version >= (4, 0)), key=lambda b: b.version, 
 WHEN = datetime.datetime(2024, 1, 2, 3, 4, 5, tzinfo=datetime.UTC)
 
 
-@pytest.fixture(params=["rabbitmq", "artemis"])
+@pytest.fixture(params=["embedded", "rabbitmq", "artemis"])
 def broker(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
-    """(the connector's uri, the broker's kind) with a fresh queue's name appended as the second item's partner."""
-    if request.param == "rabbitmq":
+    """(the connector's uri, the broker's kind): the embedded broker is the kind it models, RabbitMQ."""
+    if request.param == "embedded":
+        yield request.getfixturevalue("shared_embedded").url, "rabbitmq"
+    elif request.param == "rabbitmq":
         if NEWEST is None:
             pytest.skip("no RabbitMQ 4.x in AMQP_TEST_BROKERS")
         yield NEWEST.url, "rabbitmq"

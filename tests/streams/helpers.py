@@ -19,7 +19,7 @@ from spark_amqp.streams.range_reader import read_range
 from spark_amqp.streams.ranges import StreamRange
 
 from ..broker.helpers import wait_for
-from ..brokers import REAL, STREAM_URLS
+from ..brokers import EMBEDDED, REAL, STREAM_URLS
 
 
 def declare_stream(url: str, name: str, **arguments: object) -> None:
@@ -60,8 +60,8 @@ def reading_url(url: str) -> str:
         return url
     if READ_OVER[0] == "amqp1.0":
         real = next((b for b in REAL if b.url == url), None)
-        if real is None or real.version < (4, 0):
-            pytest.skip("AMQP 1.0 reads streams on RabbitMQ 4.x (not the embedded broker, nor 3.x)")
+        if url not in EMBEDDED and (real is None or real.version < (4, 0)):
+            pytest.skip("AMQP 1.0 reads streams on RabbitMQ 4.x and the embedded broker (not 3.x)")
         return url
     stream_url = STREAM_URLS.get(url)
     if stream_url is None:
