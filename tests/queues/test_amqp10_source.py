@@ -185,16 +185,18 @@ def test_on_delivery_limit_dead_letter_settles_modified_with_a_reason_and_reads_
         d.idle_until(lambda: counts(url, q, None) == (0, 0), timeout=30)
     finally:
         d.close()
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    ch = conn.channel()
-    ch.basic_qos(prefetch_count=6)
-    dead = consume_n(conn, ch, dlq, 6)
-    conn.close()
-    assert sorted(p.message_id for _, p, _ in dead) == [f"id-{i}" for i in range(6)]
-    for _, props, _ in dead:
-        why = props.headers["x-opt-spark-amqp-reason"]
-        assert f"returned 3 times (x-delivery-count) to the spark-amqp query reading queue '{q}'" in why, props.headers
-        assert props.headers["x-death"][0]["reason"] == "rejected"
+    # Read over AMQP 1.0: RabbitMQ gives the annotation (and its death annotations) to AMQP 1.0 consumers.
+    reader = _driver(url, dlq)
+    try:
+        dead = reader.drain(6, timeout=30)
+    finally:
+        reader.close()
+    assert sorted(_ids(dead)) == [f"id-{i}" for i in range(6)]
+    for row in dead:
+        headers = dict(row["headers"])
+        why = headers["x-opt-spark-amqp-reason"]
+        assert f"returned 3 times (x-delivery-count) to the spark-amqp query reading queue '{q}'" in why, headers
+        assert headers["x-last-death-reason"] == "rejected" and headers["x-last-death-queue"] == q, headers
 
 
 def test_on_delivery_limit_options() -> None:
