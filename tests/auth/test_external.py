@@ -115,6 +115,6 @@ def test_a_broker_that_offers_no_external_is_refused_at_once_naming_what_it_offe
         with pytest.raises(LoginRefused) as info:
             asyncio.run(CLIENTS[protocol].connect(opts, unique("no-external")))
         elapsed = time.monotonic() - started
-        offered = "PLAIN, AMQPLAIN" if protocol == "amqp" else "PLAIN, ANONYMOUS, AMQPLAIN"
+        offered = "PLAIN, ANONYMOUS, AMQPLAIN"  # as RabbitMQ 4.3.6 offers them, over either protocol
         # Refused before any login was sent: never guest, never another mechanism.
         assert f"the broker offers the SASL mechanisms {offered}, not EXTERNAL" in str(info.value) and elapsed < 2.0
