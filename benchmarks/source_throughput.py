@@ -199,8 +199,25 @@ def _source_row(spark) -> list[str]:  # type: ignore[no-untyped-def]
     return [f"{made.get(f.name, f'CAST(NULL AS {f.dataType.simpleString()})')} AS {f.name}" for f in schema.fields]
 
 
+PUBLISH_OVER = ["amqp0-9-1"]  # --publish-over: RabbitMQ converts a message for a consumer of the other protocol
+
+
 def preload(url: str, queue: str, count: int) -> None:
     pb.declare(url, queue)
+    if PUBLISH_OVER[0] == "amqp1.0":
+        import asyncio
+
+        import pyarrow as pa
+
+        from spark_amqp.sink.amqp10_messages import Amqp10MessageBuilder
+        from spark_amqp.sink.amqp10_publisher import Amqp10PartitionPublisher
+        from spark_amqp.sink.options import parse_sink_options
+
+        # Transient, as pika's are (no properties): only the protocol differs.
+        opts = parse_sink_options({"uri": url, "protocol": "amqp1.0", "routingKey": queue, "maxInFlight": "2000", "persistent": "false"})
+        batches = [pa.RecordBatch.from_pydict({"body": [BODY] * min(50_000, count - i)}) for i in range(0, count, 50_000)]
+        asyncio.run(Amqp10PartitionPublisher(opts, Amqp10MessageBuilder(opts)).publish(batches, "preload"))
+        return
     pb.publish_async(url, queue, count, BODY, window=2000)
 
 
@@ -278,7 +295,11 @@ def main() -> None:
     parser.add_argument("--journal-pairs", type=int, default=0, help="pairs of delta runs without and with the journal")
     parser.add_argument("--backlog", type=int, default=0, help="messages for the memory check (0 to skip)")
     parser.add_argument("--perftest-jars", type=Path, default=PERFTEST_DIR)
+    parser.add_argument(
+        "--publish-over", choices=("amqp0-9-1", "amqp1.0"), default="amqp0-9-1", help="the protocol the queue is filled over"
+    )
     args = parser.parse_args()
+    PUBLISH_OVER[0] = args.publish_over
     options = {} if args.max_per_trigger is None else {"maxMessagesPerTrigger": str(args.max_per_trigger)}
     chosen = parse_source_options({"uri": "amqp://h/", "queue": "q", **options})
     prefetch, batch = chosen.prefetch, chosen.trigger.max_messages or chosen.prefetch
@@ -291,7 +312,7 @@ def main() -> None:
             with open("/proc/loadavg") as f:
                 load = " ".join(f.read().split()[:3])
             print(
-                f"{args.messages} x {len(BODY)} B on {label}; the source's batches: at most {batch} messages, prefetch {prefetch}; "
+                f"{args.messages} x {len(BODY)} B on {label}, published over {args.publish_over}; the source's batches: at most {batch} messages, prefetch {prefetch}; "
                 f"load average {load}; {os.cpu_count()} CPUs"
             )
             if jars is None and label == "RabbitMQ":

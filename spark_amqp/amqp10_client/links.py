@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..amqp10 import performatives as p
 from ..errors import AmqpProtocolError
@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from .connection import Amqp10Client
 
 __all__ = ["DeliveryHandler", "Link", "Receiver", "Sender"]
+
+T = TypeVar("T")
 
 _SERIAL = 0xFFFFFFFF
 
@@ -106,15 +108,7 @@ class Receiver(Link):
         waiter: asyncio.Future[int | None] = self.client.loop.create_future()
         self._echoes.append(waiter)
         self.grant(credit, echo=True)
-        done, _ = await asyncio.wait(
-            (waiter, self.closed), timeout=self.client.options.connection_timeout, return_when=asyncio.FIRST_COMPLETED
-        )
-        if waiter in done:
-            return waiter.result()
-        waiter.cancel()
-        if self.closed.done():
-            raise self.closed.result() or AmqpProtocolError(f"the link to '{self.address}' ended")
-        raise AmqpProtocolError(f"no answer to a flow on '{self.address}' within connectionTimeout")
+        return await self._answer(waiter, "a flow")
 
     async def drain(self) -> bool:
         """Asks the broker to use the link's credit up now, and waits for its answer: whether it ran out of messages
@@ -123,6 +117,10 @@ class Receiver(Link):
         waiter: asyncio.Future[bool] = self.client.loop.create_future()
         self._drains.append(waiter)
         self.client.flow(self, self.credit, True)
+        return await self._answer(waiter, "a drain")
+
+    async def _answer(self, waiter: asyncio.Future[T], what: str) -> T:
+        """The broker's flow that ``waiter`` waits for; the link's end, or no answer within connectionTimeout, raises."""
         done, _ = await asyncio.wait(
             (waiter, self.closed), timeout=self.client.options.connection_timeout, return_when=asyncio.FIRST_COMPLETED
         )
@@ -131,7 +129,7 @@ class Receiver(Link):
         waiter.cancel()
         if self.closed.done():
             raise self.closed.result() or AmqpProtocolError(f"the link to '{self.address}' ended")
-        raise AmqpProtocolError(f"no answer to a drain on '{self.address}' within connectionTimeout")
+        raise AmqpProtocolError(f"no answer to {what} on '{self.address}' within connectionTimeout")
 
     def _flow(self, delivery_count: int | None, credit: int, available: int | None) -> None:
         # The credit left is what the last grant allows past the broker's delivery-count, not the flow's link-credit:

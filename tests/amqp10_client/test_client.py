@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import pika
 import pytest
@@ -20,6 +19,8 @@ from spark_amqp.errors import AccessRefused, AmqpOptionError, HandshakeFailed, L
 from spark_amqp.option_reader import OptionReader
 from spark_amqp.transport.options import CONNECTION_KEYS, parse_connection
 from tests.brokers import REAL
+
+from ..broker.amqp10_helpers import run, until
 
 AMQP10 = [b for b in REAL if b.version >= (4, 0)]
 
@@ -49,26 +50,6 @@ def _ready(url: str, queue: str) -> int:
         return int(conn.channel().queue_declare(queue, passive=True).method.message_count)
     finally:
         conn.close()
-
-
-def run(url: str, body: Callable[[Amqp10Client], Awaitable[Any]], **options: str) -> Any:
-    async def main() -> Any:
-        client = await Amqp10Client.connect(
-            parse_connection(OptionReader({"uri": url, "connectionTimeout": "10", **options}, CONNECTION_KEYS)), "test"
-        )
-        try:
-            return await body(client)
-        finally:
-            await client.close()
-
-    return asyncio.run(main())
-
-
-async def until(check: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 async def _publish(client: Amqp10Client, address: str, messages: list[bytes]) -> list[int]:

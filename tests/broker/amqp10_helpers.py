@@ -5,7 +5,6 @@ the same on every 4.x)."""
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -19,6 +18,7 @@ from spark_amqp.option_reader import OptionReader
 from spark_amqp.transport.options import CONNECTION_KEYS, parse_connection
 
 from ..brokers import EMBEDDED, REAL
+from ..stream_protocol.helpers import until
 
 NEWEST = [b for b in REAL if b.version >= (4, 3)]
 
@@ -60,13 +60,6 @@ def run(url: str, body: Callable[[Amqp10Client], Awaitable[Any]], **options: str
             await client.close()
 
     return asyncio.run(main())
-
-
-async def until(check: Callable[[], Any], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 async def publish(client: Amqp10Client, address: str | None, messages: list[bytes]) -> list[tuple[int, list[Any]]]:
