@@ -15,7 +15,8 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from spark_amqp.amqp10.types import Symbol, decode
+from spark_amqp.amqp10 import types
+from spark_amqp.amqp10.types import UByte, UInt, decode
 from spark_amqp.errors import DecodeError
 
 from .message import Message
@@ -191,8 +192,8 @@ def _long(key: str, value: int) -> bytes:
 
 
 def _encode(form: Form, exchange: str | None, routing_key: str | None, first: bool, count: int, extra: list[bytes]) -> bytes:
-    header = [form.durable, None if form.priority is None else _UByte(form.priority), None if form.ttl is None else _UInt(form.ttl)]
-    head = b"\x00\x53\x70" + _list([*header, first, _UInt(count)])
+    header = [form.durable, None if form.priority is None else UByte(form.priority), None if form.ttl is None else UInt(form.ttl)]
+    head = b"\x00\x53\x70" + types.encode([*header, first, UInt(count)])
     # RabbitMQ 4.3's order: what the delivery adds, the routing key, the exchange, then the message's own.
     own = [_utf8("x-routing-key", routing_key), _utf8("x-exchange", exchange)] if exchange is not None and routing_key is not None else []
     pairs = [*extra, *own, *(pair for _, pair in form.annotations)]
@@ -280,32 +281,3 @@ def record_delivery(record: Message | NativeRecord, offset: int) -> bytes:
         return _encode(form, None, None, True, 0, [_long("x-stream-offset", offset)])
     form = form_of(record)
     return _encode(form, record.exchange, record.routing_key, True, 0, [_long("x-stream-offset", offset)])
-
-
-class _UByte(int):
-    pass
-
-
-class _UInt(int):
-    pass
-
-
-def _item(value: Any) -> bytes:
-    if value is None:
-        return b"\x40"
-    if value is True:
-        return b"\x41"
-    if value is False:
-        return b"\x42"
-    if isinstance(value, _UByte):
-        return b"\x50" + bytes((value,))
-    if isinstance(value, _UInt):
-        return b"\x43" if value == 0 else (b"\x52" + bytes((value,)) if value < 256 else b"\x70" + struct.pack(">I", value))
-    if isinstance(value, Symbol):
-        return encode(("symbol", str(value)))
-    raise TypeError(type(value).__name__)
-
-
-def _list(values: list[Any]) -> bytes:
-    body = b"".join(_item(v) for v in values)
-    return bytes((0xC0, len(body) + 1, len(values))) + body

@@ -53,7 +53,7 @@ _OPTION_OF = {_PROPERTIES: "filterProperties", _APPLICATION: "filterApplicationP
 
 @dataclass(frozen=True)
 class ExpressionFilter:
-    """The values as given in the options (JSON text kept for display: tuples of pairs keep the dataclass hashable)."""
+    """The values the options give, checked (tuples of pairs keep the options hashable, as a frozen dataclass is)."""
 
     properties: tuple[tuple[str, Any], ...] = ()
     application_properties: tuple[tuple[str, Any], ...] = ()
@@ -94,7 +94,7 @@ def parse(r: OptionReader, connection: ConnectionOptions) -> ExpressionFilter:
     if not given:
         if sql is not None:
             raise AmqpOptionError("option 'filterSql' is empty: give an SQL expression (RabbitMQ 4.2+), or leave the option out")
-        return ExpressionFilter()
+        return NO_EXPRESSION
     if not connection.amqp10:
         raise AmqpOptionError(
             f"option '{given[0]}' is a filter RabbitMQ evaluates for AMQP 1.0 consumers only: set option 'protocol' to "

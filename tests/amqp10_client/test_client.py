@@ -20,7 +20,7 @@ from spark_amqp.option_reader import OptionReader
 from spark_amqp.transport.options import CONNECTION_KEYS, parse_connection
 from tests.brokers import REAL
 
-from ..broker.amqp10_helpers import run, until
+from ..broker.amqp10_helpers import publish, run, until
 
 AMQP10 = [b for b in REAL if b.version >= (4, 0)]
 
@@ -54,15 +54,7 @@ def _ready(url: str, queue: str) -> int:
 
 async def _publish(client: Amqp10Client, address: str, messages: list[bytes]) -> list[int]:
     """Each message's outcome, by its descriptor code (0x24 accepted, 0x25 rejected, 0x26 released)."""
-    outcomes: dict[int, int] = {}
-    sender = await client.sender(address, lambda first, last, code, values: outcomes.update({i: code for i in range(first, last + 1)}))
-    ids = []
-    for m in messages:
-        await until(lambda: sender.credit > 0)
-        ids.append(sender.send(m))
-    await until(lambda: len(outcomes) == len(messages))
-    await sender.detach()
-    return [outcomes[i] for i in ids]
+    return [code for code, _ in await publish(client, address, messages)]
 
 
 def test_published_messages_are_accepted_and_read_back_in_order_with_their_properties(url: str, queue: str) -> None:
