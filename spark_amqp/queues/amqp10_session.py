@@ -6,7 +6,8 @@ become the ledger's tags (unwrapped past 2^32: they are serial numbers). A multi
 link's unsettled ids up to it as ``accepted``, one disposition for each run of consecutive ids (the links of one
 session share the ids); an echoed flow, answered only after the broker processed what came before it, proves the
 round, as ``basic.qos`` does over 0-9-1. A link that ends takes its unsettled deliveries back to the queue (RabbitMQ
-counts that as a return on a quorum queue, as over 0-9-1); a stopping query releases them first, which it does not.
+4.3.6 counts a lost or closed connection's as a return on a quorum queue, as over 0-9-1, a detach's only on a classic
+one); a stopping query releases them first, which it never counts.
 """
 
 from __future__ import annotations
