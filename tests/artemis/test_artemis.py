@@ -10,6 +10,7 @@ import os
 import subprocess
 import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -167,37 +168,31 @@ def test_available_now_is_a_clear_error(queue: str) -> None:
 def test_a_broker_restart_mid_partition_fails_the_task(queue: str) -> None:
     failure: list[BaseException] = []
     result: list[Any] = []
+    pulled = threading.Event()
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        # The publisher pulls a batch once it has sent the one before: the third pull means messages are on their way.
+        for n in range(1000):
+            if n == 3:
+                pulled.set()
+            ids = range(n * 1000, (n + 1) * 1000)
+            yield pa.RecordBatch.from_pydict({"body": [b"m%d" % i for i in ids], "message_id": [f"id-{i}" for i in ids]})
 
     def run() -> None:
+        assert URL is not None
+        opts = parse_sink_options({"uri": URL, "protocol": "amqp1.0", "routingKey": queue})
         try:
-            result.append(publish(queue, 0, 1_000_000))
+            result.append(asyncio.run(Amqp10PartitionPublisher(opts, Amqp10MessageBuilder(opts)).publish(batches(), "test")))
         except BaseException as err:
             failure.append(err)
 
     thread = threading.Thread(target=run)
     thread.start()
     try:
-        wait_for(lambda: _added(queue) > 0 or not thread.is_alive(), timeout=60)
+        wait_for(lambda: pulled.is_set() or not thread.is_alive(), timeout=120)
     finally:
         subprocess.run([str(TOOL), "stop"], check=True, capture_output=True, timeout=120)
         subprocess.run([str(TOOL), "start"], check=True, capture_output=True, timeout=180)
     thread.join(120)
     assert not result and failure and isinstance(failure[0], AmqpPublishError), (result, failure)
     assert "over AMQP 1.0" in str(failure[0]) and "retries it" in str(failure[0])
-
-
-def _added(queue: str) -> int:
-    """Messages added to ``queue`` so far, by the CLI's queue statistics (0 while it does not exist)."""
-    out = subprocess.run(
-        [str(TOOL), "cli", "queue", "stat", "--queueName", queue, *_cli_login()], capture_output=True, text=True, timeout=60
-    )
-    for line in out.stdout.splitlines():
-        cells = [c.strip() for c in line.split("|")]
-        if len(cells) > 5 and cells[1] == queue and cells[5].isdigit():
-            return int(cells[5])
-    return 0
-
-
-def _cli_login() -> list[str]:
-    core = subprocess.run([str(TOOL), "core-url"], capture_output=True, text=True, check=True).stdout.strip()
-    return ["--user", "guest", "--password", "guest", "--url", core]
