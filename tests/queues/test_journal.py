@@ -98,7 +98,7 @@ def test_a_batch_journalled_but_never_logged_is_the_next_batch(amqp_url: str, na
         second.start = end  # Spark resumes after the last logged (and committed) batch
         assert second.plan() == (end, lost_end)  # the same batch: its messages are only in the journal now
         assert second.run_batch(end, lost_end) == lost
-        rest = second.drain(30)[10:]
+        rest = second.drain(20)[10:]  # the first batch (10) was committed before the crash
         assert sorted(_ids(committed + lost + rest)) == sorted(f"id-{i}" for i in range(30))
         second.idle_until(lambda: counts(amqp_url, q, embedded_or_none) == (0, 0) and not _journal_files(journal))
     finally:

@@ -81,6 +81,9 @@ def _publish_fresh(url: str, queue: str) -> threading.Thread:
 
 @pytest.mark.parametrize("journal", [True, False], ids=["journal", "no-journal"])
 def test_a_query_that_keeps_dying_never_lets_the_delivery_limit_drop_a_message(spark, url: str, tmp_path: Path, journal: bool) -> None:  # type: ignore[no-untyped-def]
+    if journal and url != FOUR[-1].url:
+        # Three JVM starts, about 100 s of CI: the newest 4.x runs it (tests/queues/test_delivery_limit.py has each 4.x).
+        pytest.skip("the journal's run under SIGKILLs is on the newest RabbitMQ 4.x")
     queue = f"test.limit.{random.getrandbits(32):08x}"
     budget = Budget()
     _aged_quorum_queue(url, queue, budget)
