@@ -17,6 +17,10 @@ PYTHON_4.0 ?= $(or $(wildcard $(shell pyenv prefix 3.12 2>/dev/null)/bin/python3
 # The 4.0 line also pins the lowest versions the package declares (conf/constraints-pyspark4.0.txt): there the
 # tests without Spark run too.
 LOWEST_LINE := 4.0
+# A line between the lowest and the Delta line (4.2, whose lane and Delta tests cover it fully), and CPython 3.13, run
+# the Spark tests of every mode's source and sink only: not those of deployments, jobs and threads (CI time).
+MIDDLE_LINES := 4.1
+SPARK_MODE_TESTS := tests/spark/test_source_stream.py tests/spark/test_sink.py tests/spark/test_stream_queues.py
 # CPython 3.13, Debian 13's, in a chroot (tools/python3.13): the tests without Spark and the Spark tests on
 # the pinned PySpark, on the embedded broker.
 PY313_VENV := .venv-python3.13
@@ -159,7 +163,7 @@ rabbitmq:
 $(PYSPARK_LINES:%=test-pyspark%): test-pyspark%: .venv-pyspark%/.wheel
 	@echo "PySpark $* on $$(.venv-pyspark$*/bin/python --version), pyarrow $$(.venv-pyspark$*/bin/python -c 'import pyarrow; print(pyarrow.__version__)')"
 	$(if $(filter $*,$(LOWEST_LINE)),$(EMBEDDED_ONLY) .venv-pyspark$*/bin/python -m pytest -m "not spark" -n $(TEST_WORKERS) -p no:cacheprovider $(PYTEST_ARGS))
-	$(EMBEDDED_ONLY) .venv-pyspark$*/bin/python -m pytest tests/spark -m "spark and not delta and not pinned" -p no:cacheprovider $(PYTEST_ARGS)
+	$(EMBEDDED_ONLY) .venv-pyspark$*/bin/python -m pytest $(if $(filter $*,$(MIDDLE_LINES)),$(SPARK_MODE_TESTS),tests/spark) -m "spark and not delta and not pinned" -p no:cacheprovider $(PYTEST_ARGS)
 
 ## The Spark tests on every other PySpark line; `make test` covers the pinned one.
 test-matrix: $(PYSPARK_LINES:%=test-pyspark%)
@@ -170,10 +174,10 @@ $(PY313_VENV)/.installed: pyproject.toml broker/pyproject.toml conf/constraints.
 	tools/python3.13 run "rm -rf $(PY313_VENV) && python3.13 -m venv $(PY313_VENV) && $(PY313_VENV)/bin/python -m pip install --quiet --upgrade pip && $(PY313_VENV)/bin/python -m pip install --quiet -c conf/constraints.txt -e '.[test]' -e ./broker"
 	touch $@
 
-## The tests without Spark and the Spark tests on the pinned PySpark, on CPython 3.13 (the embedded broker:
-## tools/python3.13 passes no AMQP_TEST_* variable into the chroot).
+## The tests without Spark and the Spark tests of every mode's source and sink (SPARK_MODE_TESTS) on the pinned
+## PySpark, on CPython 3.13 (the embedded broker: tools/python3.13 passes no AMQP_TEST_* variable into the chroot).
 test-python3.13: $(PY313_VENV)/.installed
-	tools/python3.13 run "$(PY313_VENV)/bin/python --version && $(PY313_VENV)/bin/python -m pytest -m 'not spark' -n $(TEST_WORKERS) -p no:cacheprovider $(PYTEST_ARGS) && $(PY313_VENV)/bin/python -m pytest tests/spark -m 'spark and not delta and not pinned' -p no:cacheprovider $(PYTEST_ARGS)"
+	tools/python3.13 run "$(PY313_VENV)/bin/python --version && $(PY313_VENV)/bin/python -m pytest -m 'not spark' -n $(TEST_WORKERS) -p no:cacheprovider $(PYTEST_ARGS) && $(PY313_VENV)/bin/python -m pytest $(SPARK_MODE_TESTS) -m 'spark and not delta and not pinned' -p no:cacheprovider $(PYTEST_ARGS)"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
