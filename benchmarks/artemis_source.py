@@ -81,7 +81,8 @@ def artemis_perf(url: str, queue: str, count: int) -> float:
     """``artemis perf consumer`` over Artemis's core protocol, for at most ``PERF_SECONDS``: over AMQP, the Qpid JMS
     1.13.0 client inside Artemis 2.40.0 closes its first connection right after the broker's open and reports "Open
     failed unexpectedly" (a frame trace: the broker's open carries no error), so it receives nothing; over the core
-    protocol it received about 17 msg/s of these AMQP-published messages (15,500 in 900 s, 2026-11-26)."""
+    protocol it received about 17 msg/s of these AMQP-published messages (15,500 in 900 s, 2026-11-26): its listener
+    reads a timestamp property only ``artemis perf producer`` sets, and throws on any other message."""
     parts = urllib.parse.urlsplit(url)
     login = ["--user", parts.username or "guest", "--password", parts.password or "guest"]
     core = subprocess.run([TOOL, "core-url"], capture_output=True, text=True, check=True).stdout.strip()
