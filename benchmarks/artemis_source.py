@@ -83,10 +83,7 @@ def artemis_perf(url: str, queue: str, count: int) -> float:
     failed unexpectedly" (a frame trace: the broker's open carries no error), so it receives nothing; over the core
     protocol it received about 17 msg/s of these AMQP-published messages (15,500 in 900 s, 2026-11-26): its listener
     reads a timestamp property only ``artemis perf producer`` sets, and throws on any other message."""
-    parts = urllib.parse.urlsplit(url)
-    login = ["--user", parts.username or "guest", "--password", parts.password or "guest"]
-    core = subprocess.run([TOOL, "core-url"], capture_output=True, text=True, check=True).stdout.strip()
-    command = [TOOL, "cli", "perf", "consumer", "--protocol", "CORE", "--url", core, *login]
+    command = _cli(url, "perf", "consumer", "--protocol", "CORE")
     out = subprocess.run(
         [*command, "--message-count", str(count), "--duration", str(PERF_SECONDS), "--silent", f"queue://{queue}"],
         capture_output=True,
@@ -103,11 +100,15 @@ def artemis_perf(url: str, queue: str, count: int) -> float:
 
 
 def purge(url: str, queue: str) -> None:
-    """What a reader left in ``queue``, removed (the artemis CLI, over the core protocol)."""
+    """What a reader left in ``queue``, removed."""
+    subprocess.run(_cli(url, "queue", "purge", "--name", queue), capture_output=True, timeout=300, check=True)
+
+
+def _cli(url: str, *command: str) -> list[str]:
+    """An artemis CLI command on the broker's core acceptor, logged in as ``url``'s user."""
     parts = urllib.parse.urlsplit(url)
-    login = ["--user", parts.username or "guest", "--password", parts.password or "guest"]
     core = subprocess.run([TOOL, "core-url"], capture_output=True, text=True, check=True).stdout.strip()
-    subprocess.run([TOOL, "cli", "queue", "purge", "--name", queue, "--url", core, *login], capture_output=True, timeout=300, check=True)
+    return [TOOL, "cli", *command, "--url", core, "--user", parts.username or "guest", "--password", parts.password or "guest"]
 
 
 def source_noop(spark: Any, url: str, queue: str, count: int, workdir: str) -> float:

@@ -10,7 +10,7 @@ import os
 import subprocess
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +37,18 @@ def queue() -> str:
 
 def publish(queue: str, first: int, count: int, **options: str) -> Any:
     """Messages id-<first>… through the sink over AMQP 1.0 (their queue made as Artemis makes one for a sender to a queue)."""
+    return _publish_batches(queue, [_batch(first, count)], **options)
+
+
+def _publish_batches(queue: str, batches: Iterable[pa.RecordBatch], **options: str) -> Any:
     assert URL is not None
     opts = parse_sink_options({"uri": URL, "protocol": "amqp1.0", "routingKey": queue, **options})
+    return asyncio.run(Amqp10PartitionPublisher(opts, Amqp10MessageBuilder(opts)).publish(batches, "test"))
+
+
+def _batch(first: int, count: int) -> pa.RecordBatch:
     ids = range(first, first + count)
-    batch = pa.RecordBatch.from_pydict({"body": [b"m%d" % i for i in ids], "message_id": [f"id-{i}" for i in ids]})
-    return asyncio.run(Amqp10PartitionPublisher(opts, Amqp10MessageBuilder(opts)).publish([batch], "test"))
+    return pa.RecordBatch.from_pydict({"body": [b"m%d" % i for i in ids], "message_id": [f"id-{i}" for i in ids]})
 
 
 def _driver(queue: str, **options: object) -> MicroBatchDriver:
@@ -175,14 +182,11 @@ def test_a_broker_restart_mid_partition_fails_the_task(queue: str) -> None:
         for n in range(1000):
             if n == 3:
                 pulled.set()
-            ids = range(n * 1000, (n + 1) * 1000)
-            yield pa.RecordBatch.from_pydict({"body": [b"m%d" % i for i in ids], "message_id": [f"id-{i}" for i in ids]})
+            yield _batch(n * 1000, 1000)
 
     def run() -> None:
-        assert URL is not None
-        opts = parse_sink_options({"uri": URL, "protocol": "amqp1.0", "routingKey": queue})
         try:
-            result.append(asyncio.run(Amqp10PartitionPublisher(opts, Amqp10MessageBuilder(opts)).publish(batches(), "test")))
+            result.append(_publish_batches(queue, batches()))
         except BaseException as err:
             failure.append(err)
 
