@@ -31,7 +31,9 @@ if TYPE_CHECKING:
     from .message import Message
     from .queue import Queue
 
-LINK_CREDIT = 170  # what RabbitMQ 4.x grants a publisher (its max_link_credit), topped up at half
+# What RabbitMQ 4.x grants a publisher (its max_link_credit): topped up at half, and only while fewer messages than
+# that wait for their outcome (held confirms stop a link at LINK_CREDIT, as RabbitMQ's queues' slow confirms do).
+LINK_CREDIT = 170
 _SERIAL = 0xFFFFFFFF
 _STREAM_FILTERS = {"rabbitmq:stream-filter": "x-stream-filter", "rabbitmq:stream-match-unfiltered": "x-stream-match-unfiltered"}
 
@@ -291,6 +293,7 @@ class IncomingLink:
         self.blocked = False  # credit withheld for an alarm
         self.delivery_count = 0
         self.credit = 0
+        self.unconfirmed = 0  # messages whose outcome is not sent yet
         self._parts: list[bytes] = []
         self._size = 0
         self._delivery: tuple[int, bool] | None = None  # (delivery id, settled) of the message being received
@@ -338,9 +341,8 @@ class IncomingLink:
         self._parts, self._size, self._delivery = [], 0, None
         self.delivery_count = (self.delivery_count + 1) & _SERIAL
         self.credit -= 1
-        if self.credit <= LINK_CREDIT // 2:
-            self.grant()
         if self.management:
+            self._top_up()
             from .amqp10_management import answer
 
             answer(self.session, self.name, raw)
@@ -353,7 +355,19 @@ class IncomingLink:
             return
         outcome = publish(self.session.connection, self.target, raw)
         if not settled:
-            self.session.outcome(delivery_id, outcome)
+            self.unconfirmed += 1
+            self.session.outcome(delivery_id, outcome, self)
+        self._top_up()
+
+    def confirmed(self, count: int) -> None:
+        """``count`` outcomes went out: credit may be topped up again."""
+        self.unconfirmed -= count
+        if self.handle in self.session.links:
+            self._top_up()
+
+    def _top_up(self) -> None:
+        if self.credit <= LINK_CREDIT // 2 and self.unconfirmed < LINK_CREDIT:
+            self.grant()
 
 
 __all__ = ["LINK_CREDIT", "IncomingLink", "LinkConsumer", "OutgoingLink", "attach"]

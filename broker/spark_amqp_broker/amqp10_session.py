@@ -40,7 +40,8 @@ class Session:
         self.next_incoming_id = int(fields[1]) if len(fields) > 1 and fields[1] is not None else 0
         self.remote_window = int(fields[2]) if len(fields) > 2 and fields[2] is not None else 0
         self._incoming_left = INCOMING_WINDOW
-        self._outcomes: list[tuple[int, bytes]] = []  # publishes' (delivery id, outcome), held while confirms are
+        # publishes' (delivery id, outcome, link), held while confirms are
+        self._outcomes: list[tuple[int, bytes, IncomingLink]] = []
 
     def begin(self) -> None:
         fields = [UShort(self.channel), UInt(self.next_outgoing_id), UInt(INCOMING_WINDOW), UInt(OUTGOING_WINDOW), UInt(HANDLE_MAX)]
@@ -154,9 +155,9 @@ class Session:
         self.remote_window = max(self.remote_window - frames, 0)
         return delivery_id
 
-    def outcome(self, delivery_id: int, state: bytes) -> None:
+    def outcome(self, delivery_id: int, state: bytes, link: IncomingLink) -> None:
         """A publish's outcome (settled), held while the broker holds its confirms."""
-        self._outcomes.append((delivery_id, state))
+        self._outcomes.append((delivery_id, state, link))
         self.connection.schedule_flush()
 
     def release_outcomes(self) -> None:
@@ -166,13 +167,18 @@ class Session:
         outcomes, self._outcomes = self._outcomes, []
         out = self.connection._out
         first, last, state = outcomes[0][0], outcomes[0][0], outcomes[0][1]
-        for delivery_id, next_state in outcomes[1:]:
+        for delivery_id, next_state, _ in outcomes[1:]:
             if delivery_id == (last + 1) & _SERIAL and next_state == state:
                 last = delivery_id
                 continue
             out.append(self._disposition(first, last, state))
             first, last, state = delivery_id, delivery_id, next_state
         out.append(self._disposition(first, last, state))
+        counts: dict[IncomingLink, int] = {}
+        for _, _, link in outcomes:
+            counts[link] = counts.get(link, 0) + 1
+        for link, count in counts.items():
+            link.confirmed(count)
 
     def _disposition(self, first: int, last: int, state: bytes) -> bytes:
         head = encode(True) + encode(UInt(first)) + encode(UInt(last)) + encode(True) + state

@@ -184,6 +184,18 @@ _U32 = struct.Struct(">I")
 _TRANSFER_HEAD = struct.Struct(">BBBI")  # uint (0x70) delivery id, after the list's size and count and the handle
 
 
+# The usual transfer, in one pack: a small handle, the delivery id as its own four-byte tag, unsettled, whole. The
+# frame's size; doff 2, type 0, channel 0; the descriptor and a list of 16 bytes and 5 fields, the handle's code; the
+# handle; the id's code; the id; the tag's code and size; the tag; message format 0 and settled false.
+_USUAL = struct.Struct(">I11sBBI2sI2s")
+_USUAL_HEAD = b"\x02\x00\x00\x00\x00\x53\x14\xc0\x10\x05\x52"
+
+
+def usual_transfer(handle: int, delivery_id: int, payload: bytes) -> bytes:
+    """``transfer`` of a whole unsettled message on a link whose handle is below 256, tagged with its delivery id."""
+    return _USUAL.pack(29 + len(payload), _USUAL_HEAD, handle, 0x70, delivery_id, b"\xa0\x04", delivery_id, b"\x43\x42") + payload
+
+
 def transfer(handle: int, delivery_id: int, tag: bytes, payload: bytes, settled: bool = False, more: bool = False) -> bytes:
     """A transfer, encoded by hand: every message a sender publishes pays for this, so no generic encoding. Fields:
     handle (a small uint), delivery id (a uint), the tag (binary), message format 0, settled, and more if set."""

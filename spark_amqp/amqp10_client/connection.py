@@ -236,10 +236,17 @@ class Amqp10Client(Connection):
         state = fields[4] if len(fields) > 4 else None
         code = getattr(state, "descriptor", None)
         values = getattr(state, "value", None) or []
+        code = code if isinstance(code, int) else -1
+        # One call per run of ids on the same link: a range covers thousands of a publisher's messages.
+        run_first, run_sender = first, None
         for delivery_id in range(first, last + 1):
             sender = self._outgoing.pop(delivery_id, None)
-            if sender is not None:
-                sender.on_outcome(delivery_id, delivery_id, code if isinstance(code, int) else -1, values)
+            if sender is not run_sender:
+                if run_sender is not None:
+                    run_sender.on_outcome(run_first, delivery_id - 1, code, values)
+                run_first, run_sender = delivery_id, sender
+        if run_sender is not None:
+            run_sender.on_outcome(run_first, last, code, values)
 
     def _fail_waiting(self, reason: AmqpProtocolError) -> None:
         for link in list(self._links.values()):

@@ -139,11 +139,13 @@ class Amqp10MessageBuilder(Amqp10Encoder):
         super().__init__(options)
         self.rabbitmq = True
         self._addresses: dict[tuple[str, str], str] = {}
+        self._plain: dict[str, bytes] = {}  # address -> the prefix of a row with no property (and no filter value)
 
     def met_amqp10_broker(self, version: tuple[int, int] | None, rabbitmq: bool, max_frame: int) -> None:
         self.met(version)
         self._prefixes.clear()
         self._addresses.clear()
+        self._plain.clear()
         self.conversion = Conversion.of(version) if rabbitmq else STANDARD
         self.rabbitmq = rabbitmq
 
@@ -156,9 +158,10 @@ class Amqp10MessageBuilder(Amqp10Encoder):
         filters = columns[self.filter_column].to_pylist() if self.filter_column in columns else [None] * n
         rows = self._raw_properties(columns, n, always=True) or []
         default = self.options.exchange
-        addresses = self._addresses
+        addresses, plain = self._addresses, self._plain
         if len(addresses) > PREFIX_CACHE:
             addresses.clear()
+            plain.clear()
         out = []
         for i in range(n):
             exchange = default if exchanges[i] is None else exchanges[i]
@@ -166,7 +169,12 @@ class Amqp10MessageBuilder(Amqp10Encoder):
             to = addresses.get(route)
             if to is None:
                 to = addresses[route] = address_of(exchange, keys[i], self.rabbitmq)
-            record = self.record(self.cached_prefix(rows[i], i, None, None, filters[i], to), bodies[i])
+            row = rows[i]
+            if row or filters[i] is not None:
+                prefix = self.cached_prefix(row, i, None, None, filters[i], to)
+            else:  # no cache key to build
+                prefix = plain.get(to) or plain.setdefault(to, self.cached_prefix(row, i, None, None, None, to))
+            record = self.record(prefix, bodies[i])
             out.append(Amqp10Message(to, record, exchange == ""))
         self.position += n
         return out

@@ -1,8 +1,12 @@
-"""Publishing one partition over AMQP 1.0 (``protocol=amqp1.0``): one sender link without a target of its own,
-each message carrying its address in ``to``, every message unsettled until the broker's outcome.
+"""Publishing one partition over AMQP 1.0 (``protocol=amqp1.0``): on RabbitMQ through sender links without a target
+of their own, each message carrying its address in ``to``; every message unsettled until the broker's outcome.
 
-The window of unsettled messages is ``maxInFlight``, as over AMQP 0-9-1, and a message also waits for the
-link's credit. The broker's outcome settles each: ``accepted`` (RabbitMQ: every target queue has it), ``rejected``
+The window of unsettled messages is ``maxInFlight``, as over AMQP 0-9-1, and a message also waits for a link's
+credit. RabbitMQ gives a publishing link at most ``max_link_credit`` (170) credits, and tops them up only while
+fewer than that many of the link's messages wait for their queues: one link would hold the window at 170. So when
+every link is out of credit with room left in the window, the partition opens one more anonymous link in the same
+session, up to ``maxInFlight`` over the broker's grant. RabbitMQ's session handles its transfers one after
+another whatever their link, so a partition's messages still reach a queue in the order of its rows. The broker's outcome settles each: ``accepted`` (RabbitMQ: every target queue has it), ``rejected``
 (its error names the queue and the reason), ``released`` (RabbitMQ: no queue was bound, so unroutable),
 ``modified``. The task fails on anything but ``accepted`` for every message (a released message only with
 ``mandatory``, the default: without it an unroutable message is dropped, as over AMQP 0-9-1), on a link or
@@ -42,20 +46,29 @@ class Amqp10PartitionPublisher:
         opts = self.options
         client, anonymous = await patiently(opts, lambda: self._ready(description))
         window = ConfirmWindow(opts.max_in_flight)
-        anonymous.on_outcome = lambda first, last, code, values: self._outcome(window, first, code, values)
+        anonymous.on_outcome = lambda first, last, code, values: self._outcome(window, first, last, code, values)
         failed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
         _watch(client.closed, failed)
         _watch(anonymous.closed, failed)
         senders: dict[str, Sender] = {}
+        anonymous_links = [anonymous]
+        sender: Sender | None = anonymous
+        rabbitmq = client.rabbitmq
         last: Amqp10Message | None = None
         try:
             for batch in batches:
                 for message in self.builder.amqp10_messages(batch):
-                    sender = anonymous if client.rabbitmq else senders.get(message.address)
+                    if window.outstanding >= window.limit and not await window.wait_for_room(opts.confirm_timeout, failed):
+                        raise self._timeout(window, message)
+                    if rabbitmq:
+                        if sender is None or sender.credit <= 0:
+                            sender = await self._anonymous(client, anonymous_links, window, failed)
+                    else:
+                        sender = senders.get(message.address)
+                        if sender is None:
+                            sender = senders[message.address] = await self._sender(client, window, message, failed)
+                        sender = await _credit([sender], opts.confirm_timeout, failed)
                     if sender is None:
-                        sender = senders[message.address] = await self._sender(client, window, message, failed)
-                    room = await window.wait_for_room(opts.confirm_timeout, failed)
-                    if not room or not await _credit(sender, opts.confirm_timeout, failed):
                         raise self._timeout(window, message)
                     self._raise_if_failed(failed, window, message)
                     delivery_id = sender.send(message.record)
@@ -72,10 +85,28 @@ class Amqp10PartitionPublisher:
                 self._raise_if_broken(window, last)
             if self._dropped:
                 log.warning("AMQP sink: %d unroutable messages dropped (mandatory=false)", self._dropped)
+            log.debug("AMQP sink: %d messages over %d links", window.published, len(anonymous_links) if rabbitmq else len(senders))
             return PublishResult(window.published, window.acked)
         finally:
             failed.cancel()
             await client.close()
+
+    async def _anonymous(
+        self, client: Amqp10Client, links: list[Sender], window: ConfirmWindow, failed: asyncio.Future[BaseException]
+    ) -> Sender | None:
+        """An anonymous link with credit, opening another while the broker's grant per link is below the window."""
+        sender = next((link for link in links if link.credit > 0), None)
+        if sender is not None:
+            return sender
+        granted = links[0].granted
+        if not failed.done() and granted and len(links) < -(-self.options.max_in_flight // granted):
+            try:
+                link = await client.sender(None, lambda first, last, code, values: self._outcome(window, first, last, code, values))
+            except AmqpProtocolError as err:  # the connection ended (or the broker refused the link): as a lost link
+                raise self._ended(failed.result() if failed.done() else err, window, None) from err
+            _watch(link.closed, failed)
+            links.append(link)
+        return await _credit(links, self.options.confirm_timeout, failed)
 
     async def _sender(
         self, client: Amqp10Client, window: ConfirmWindow, message: Amqp10Message, failed: asyncio.Future[BaseException]
@@ -86,7 +117,7 @@ class Amqp10PartitionPublisher:
         capability = "queue" if message.to_queue else "topic"
         try:
             sender = await client.sender(
-                message.address, lambda first, last, code, values: self._outcome(window, first, code, values), capability
+                message.address, lambda first, last, code, values: self._outcome(window, first, last, code, values), capability
             )
         except AmqpProtocolError as err:
             c = self.options.connection
@@ -130,21 +161,25 @@ class Amqp10PartitionPublisher:
             if opts.exchange:
                 await bind(client, opts.exchange, opts.declare_queue, opts.binding_key)
 
-    def _outcome(self, window: ConfirmWindow, delivery_id: int, code: int, values: list[Any]) -> None:
-        address = self._addresses.pop(delivery_id, "?")
-        seq = window.answered + 1  # outcomes may come out of order: the window only counts them
+    def _outcome(self, window: ConfirmWindow, first: int, last: int, code: int, values: list[Any]) -> None:
+        """Deliveries ``first`` to ``last`` of one link settled with one outcome."""
+        addresses = [self._addresses.pop(delivery_id, "?") for delivery_id in range(first, last + 1)]
+        # Outcomes may come out of order: the window only counts them.
+        upto = window.answered + len(addresses)
         if code == Performative.ACCEPTED:
-            window.on_confirm(seq, False, True)
-        elif code == Performative.RELEASED:
+            window.on_confirm(upto, True, True)
+            return
+        if code == Performative.RELEASED:
             if self.options.mandatory:
-                self._released.append(address)
-                window.on_return(312, "NO_ROUTE", address, "")
+                for address in addresses:
+                    self._released.append(address)
+                    window.on_return(312, "NO_ROUTE", address, "")
             else:
-                self._dropped += 1
-            window.on_confirm(seq, False, True)
+                self._dropped += len(addresses)
+            window.on_confirm(upto, True, True)
         else:
-            self._rejections.append(f"{address}: {_reason(code, values)}")
-            window.on_confirm(seq, False, False)
+            self._rejections.extend(f"{address}: {_reason(code, values)}" for address in addresses)
+            window.on_confirm(upto, True, False)
 
     def _raise_if_broken(self, window: ConfirmWindow, message: Amqp10Message) -> None:
         if window.nacked or window.returned:
@@ -164,11 +199,14 @@ class Amqp10PartitionPublisher:
     def _raise_if_failed(self, failed: asyncio.Future[BaseException], window: ConfirmWindow, message: Amqp10Message | None) -> None:
         if failed.done() and not failed.cancelled():
             reason = failed.result()
-            to = f"'{message.address}'" if message is not None else "the broker"
-            raise AmqpPublishError(
-                f"{window.published - window.acked} of {window.published} messages published to {to} over AMQP 1.0 are not "
-                f"accepted: the broker ended the link or the connection ({reason}); {retry_hint(reason)}"
-            ) from reason
+            raise self._ended(reason, window, message) from reason
+
+    def _ended(self, reason: BaseException, window: ConfirmWindow, message: Amqp10Message | None) -> AmqpPublishError:
+        to = f"'{message.address}'" if message is not None else "the broker"
+        return AmqpPublishError(
+            f"{window.published - window.acked} of {window.published} messages published to {to} over AMQP 1.0 are not "
+            f"accepted: the broker ended the link or the connection ({reason}); {retry_hint(reason)}"
+        )
 
     def _timeout(self, window: ConfirmWindow, message: Amqp10Message | None) -> AmqpPublishError:
         to = f"'{message.address}'" if message is not None else "the broker"
@@ -178,16 +216,22 @@ class Amqp10PartitionPublisher:
         )
 
 
-async def _credit(sender: Sender, timeout: float, failed: asyncio.Future[BaseException]) -> bool:
-    """True once the link has credit (or ``failed`` fired: the caller sees why); False after ``timeout``."""
-    while sender.credit <= 0 and not failed.done():
-        sender.credit_changed.clear()
-        waiter: asyncio.Future[Any] = asyncio.ensure_future(sender.credit_changed.wait())
-        done, _ = await asyncio.wait([waiter, failed], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        waiter.cancel()
+async def _credit(links: list[Sender], timeout: float, failed: asyncio.Future[BaseException]) -> Sender | None:
+    """The first of ``links`` with credit, once one has it (or ``failed`` fired: any link, and the caller sees why);
+    None after ``timeout`` without credit."""
+    while not failed.done():
+        sender = next((link for link in links if link.credit > 0), None)
+        if sender is not None:
+            return sender
+        for link in links:
+            link.credit_changed.clear()
+        waiters: list[asyncio.Future[Any]] = [asyncio.ensure_future(link.credit_changed.wait()) for link in links]
+        done, _ = await asyncio.wait([*waiters, failed], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        for waiter in waiters:
+            waiter.cancel()
         if not done:
-            return False
-    return True
+            return None
+    return links[0]
 
 
 def _watch(ended: asyncio.Future[Any], failed: asyncio.Future[BaseException]) -> None:

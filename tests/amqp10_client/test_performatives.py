@@ -34,6 +34,14 @@ def test_a_transfer_reads_by_hand_as_the_generic_decoder_reads_it(handle: int, d
     )
 
 
+@pytest.mark.parametrize(("handle", "delivery_id"), [(0, 0), (255, 70_000), (3, 2**32 - 1)])
+def test_a_senders_usual_transfer_is_the_generic_one(handle: int, delivery_id: int) -> None:
+    tag = delivery_id.to_bytes(4, "big")
+    assert p.usual_transfer(handle, delivery_id, b"the message") == p.transfer(handle, delivery_id, tag, b"the message")
+    fields = _read(p.usual_transfer(handle, delivery_id, b"")).fields
+    assert fields == [handle, delivery_id, tag, 0, False]
+
+
 def test_a_transfer_encoded_otherwise_is_left_to_the_generic_decoder() -> None:
     fields = [UInt(1), UInt(2), b"t", UInt(0), False, False, None, None, None, None, True]  # eleven fields: batchable set
     frame = p.frame(0, encode(Described(Performative.TRANSFER, fields)), b"body")

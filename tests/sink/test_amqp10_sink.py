@@ -13,6 +13,7 @@ from typing import Any
 import pika
 import pyarrow as pa
 import pytest
+from spark_amqp_broker import EmbeddedBroker
 
 from spark_amqp.errors import AmqpOptionError, AmqpPublishError
 from spark_amqp.sink.amqp10_messages import Amqp10MessageBuilder, address_of
@@ -133,6 +134,40 @@ def test_a_window_of_one_publishes_every_message_in_order(url: str, queues: Any)
     result = publish10(url, {"body": [b"%d" % i for i in range(200)]}, routingKey=q, maxInFlight="1")
     assert result.confirmed == 200
     assert [b for _, _, b in _consume(url, q, 200)] == [b"%d" % i for i in range(200)]
+
+
+def test_a_window_beyond_the_brokers_link_credit_spreads_over_links_and_keeps_the_order(url: str, queues: Any) -> None:
+    # RabbitMQ grants a publishing link 170 credits, topped up only while fewer than 170 of its messages wait for their
+    # queues: the sink opens more links of one session to keep maxInFlight unsettled, and the queue keeps row order.
+    for kind in ("classic", "quorum"):
+        q = queues(kind)
+        bodies = [b"%d" % i for i in range(20_000)]
+        result = publish10(url, {"body": bodies}, routingKey=q, maxInFlight="1000")
+        assert (result.published, result.confirmed) == (20_000, 20_000)
+        assert [b for _, _, b in _consume(url, q, 20_000)] == bodies
+
+
+@pytest.mark.parametrize(("window", "reached"), [("1000", 500), ("400", 400)])
+def test_held_outcomes_open_links_up_to_the_window(embedded: EmbeddedBroker, window: str, reached: int) -> None:
+    # The embedded broker's confirms held: each link stops at its 170 credits, so 500 messages on the queue before
+    # any outcome means three links; a window of 400 still stops at 400.
+    conn = pika.BlockingConnection(pika.URLParameters(embedded.url))
+    conn.channel().queue_declare("held", durable=True)
+    conn.close()
+    results: list[Any] = []
+    embedded.hold_confirms()
+    try:
+        thread = threading.Thread(
+            target=lambda: results.append(publish10(embedded.url, {"body": [b"x"] * 500}, routingKey="held", maxInFlight=window))
+        )
+        thread.start()
+        wait_for(lambda: embedded.queue_stats("held")["ready"] == reached, timeout=30)
+        assert thread.is_alive() and not results  # every outcome is still held
+    finally:
+        embedded.release_confirms()
+    thread.join(30)
+    assert results and results[0].confirmed == 500
+    assert embedded.queue_stats("held")["ready"] == 500
 
 
 def test_a_connection_lost_mid_partition_fails_the_task(url: str, queues: Any) -> None:
