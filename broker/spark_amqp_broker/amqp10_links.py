@@ -20,6 +20,8 @@ from spark_amqp.amqp10.performatives import Performative as P
 from spark_amqp.amqp10.types import Described, Symbol, UByte, UInt, encode
 
 from . import amqp10_convert as convert
+from .amqp10_expressions import Expression
+from .amqp10_expressions import take as take_expressions
 from .amqp10_frames import condition_of, description, parse_address
 from .amqp10_publish import publish
 from .consumer import Consumer
@@ -93,7 +95,10 @@ class LinkConsumer(Consumer):
         return link.credit > 0 and link.session.can_send
 
     def deliver_record(self, queue: Any, record: Any, offset: int) -> None:
-        self.link.send(convert.record_delivery(record, offset), None, None)
+        payload = convert.record_delivery(record, offset)
+        expression = self.link.expression
+        if expression is None or expression.matches(payload):  # else left out: its offset never comes
+            self.link.send(payload, None, None)
 
 
 class OutgoingLink:
@@ -112,6 +117,7 @@ class OutgoingLink:
         self.consumer: LinkConsumer | None = None
         self.unsettled: dict[int, tuple[Queue, Message]] = {}
         self.replies: deque[bytes] | None = None  # the management node's answers, waiting for credit
+        self.expression: Expression | None = None  # a stream's filter expressions (amqp10_expressions)
 
     def open_source(self, address: Any, terminus: list[Any]) -> Described:
         vhost = self.session.connection.server.vhost
@@ -136,6 +142,8 @@ class OutgoingLink:
                 else:
                     continue
                 accepted[key] = value
+            self.expression, expressions = take_expressions(filters)
+            accepted.update(expressions)
             spec = start_spec(queue.name, arguments.get("x-stream-offset"))
             queue.add_consumer(consumer, (*spec, consumer_filter(arguments)))  # type: ignore[call-arg]
         else:
