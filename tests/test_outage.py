@@ -51,3 +51,17 @@ def test_a_retry_loop_gives_up_before_a_delay_that_would_pass_the_timeout_and_sa
     o.failed(ConnectionLost("stream not available (0x06)"), now=1.4)
     assert o.allows(0.6, now=1.4) and not o.allows(0.61, now=1.4)
     assert o.waited(now=1.4) == "still, after 2 attempts over 1s: brokerOutageTimeout=2s"
+
+
+def test_in_a_retried_task_no_endpoint_once_the_deadline_has_passed_since_planning_fails_at_once() -> None:
+    o = Outage(120.0, WHERE, retried_since=1_000.0)
+    o.failed(ConnectionLost("the broker closed the connection"), now=5.0, unreachable=False)
+    o.check(now=5.0, wall=1_200.0)  # a connection that ended: it is opened again first
+    o.failed(ConnectionLost("cannot connect to h1:5672: connection refused"), now=6.0)
+    o.check(now=6.0, wall=1_119.0)  # planned 119 s ago: the earlier attempt has not waited it all
+    with pytest.raises(BrokerOutage, match=r"Spark's retry of a task planned 120s ago.*brokerOutageTimeout=120s") as caught:
+        o.check(now=6.0, wall=1_120.0)
+    assert "connection refused" in str(caught.value)
+    first = Outage(120.0, WHERE)  # the first attempt waits the whole deadline from its own first failure
+    first.failed(ConnectionLost("connection refused"), now=6.0)
+    first.check(now=125.0, wall=10_000.0)

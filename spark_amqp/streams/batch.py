@@ -26,9 +26,8 @@ from ..errors import AmqpOptionError
 from . import expression_filters
 from .access import BrokerAccess, access_for
 from .options import At, End, Start, StreamSourceOptions
-from .range_reader import read_range
-from .ranges import StreamRange, split
-from .reader import StreamRangePartition
+from .ranges import split
+from .reader import StreamRangePartition, read_partition
 
 __all__ = ["StreamBatchReader", "resolve_bounds"]
 
@@ -46,8 +45,7 @@ class StreamBatchReader(DataSourceReader):
         return [StreamRangePartition(i, r.stream, r.start, r.end) for i, r in enumerate(ranges)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, StreamRangePartition)
-        yield from read_range(self.options, StreamRange(partition.stream, partition.start, partition.end))
+        yield from read_partition(self.options, partition)
 
 
 def resolve_bounds(options: StreamSourceOptions) -> tuple[dict[str, int], dict[str, int]]:

@@ -58,6 +58,7 @@ class RangeReader:
         self.gaps: list[tuple[int, int]] = []
         self.backoff = Backoff()
         self.outage = Outage(options.connection.outage_timeout, options.connection.display_uri)
+        self.connecting = False
         self._refused = (-1, 0)  # (offset, how many 541s in a row there)
         self.row_filter = filtering.RowFilter(options.filter, options.match_unfiltered) if options.filter else None
         self.broker_filter = filtering.consumer_arguments(options)
@@ -110,7 +111,9 @@ class RangeReader:
         while self.gaps or (len(self.rows) < limit and not self.done):
             try:
                 if self.client is None:
+                    self.connecting = True  # a failure now reached no endpoint (the Outage of a retried task asks)
                     await self._connect()
+                    self.connecting = False
                 if self.gaps:  # before more rows go out: a loss must fail the task before the rows after it
                     await self._check_gaps()
                     continue
@@ -266,7 +269,8 @@ class RangeReader:
         """Read again after the last offset read, once the backoff's delay has passed. The planner reached the
         broker before this task was planned, so an outage is waited out, with a warning each time, for up to
         brokerOutageTimeout (then the task fails, naming each endpoint's last error, and Spark retries it)."""
-        self.outage.failed(err)
+        self.outage.failed(err, unreachable=self.connecting)
+        self.connecting = False
         self.outage.check()
         delay = self.backoff.next()
         log.warning(

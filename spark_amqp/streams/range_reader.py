@@ -27,10 +27,14 @@ def reader_for(options: StreamSourceOptions, part: StreamRange) -> RangeReader:
     return kind(options, part)
 
 
-def read_range(options: StreamSourceOptions, part: StreamRange, batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
-    """Arrow record batches of the range's messages, in offset order."""
+def read_range(
+    options: StreamSourceOptions, part: StreamRange, batch_rows: int = BATCH_ROWS, retried_since: float | None = None
+) -> Iterator[pa.RecordBatch]:
+    """Arrow record batches of the range's messages, in offset order. ``retried_since``: in Spark's retry of the task,
+    when the range was planned (``Outage``)."""
     loop = asyncio.new_event_loop()
     reader = reader_for(options, part)
+    reader.outage.retried_since = retried_since
     try:
         while not reader.exhausted:
             rows = loop.run_until_complete(reader.next_rows(batch_rows))

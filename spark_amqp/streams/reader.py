@@ -8,6 +8,7 @@ range, which the task reads from the broker itself.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,12 +27,13 @@ __all__ = ["StreamRangePartition", "StreamReader"]
 class StreamRangePartition(InputPartition):
     """One task of a micro-batch: offsets ``start`` to ``end - 1`` of one stream."""
 
-    def __init__(self, index: int, stream: str, start: int, end: int) -> None:
+    def __init__(self, index: int, stream: str, start: int, end: int, planned_at: float | None = None) -> None:
         super().__init__(index)
         self.index = index
         self.stream = stream
         self.start = start
         self.end = end
+        self.planned_at = time.time() if planned_at is None else planned_at  # the driver's clock
 
     def __repr__(self) -> str:
         return f"StreamRangePartition(index={self.index}, stream={self.stream!r}, start={self.start}, end={self.end})"
@@ -72,8 +74,7 @@ class StreamReader(DataSourceStreamReader, *AVAILABLE_NOW_BASES):  # type: ignor
         return [StreamRangePartition(i, r.stream, r.start, r.end) for i, r in enumerate(ranges)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, StreamRangePartition)
-        yield from read_range(self.options, StreamRange(partition.stream, partition.start, partition.end))
+        yield from read_partition(self.options, partition)
 
     def commit(self, end: dict[str, Any]) -> None:
         pass  # nothing to acknowledge: the stream keeps its messages, and the checkpoint holds the offsets
@@ -81,3 +82,19 @@ class StreamReader(DataSourceStreamReader, *AVAILABLE_NOW_BASES):  # type: ignor
     def stop(self) -> None:
         if self._planner is not None:
             self._planner.close()
+
+
+def read_partition(options: StreamSourceOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    """A task's range. In Spark's retry of the task, an outage counts from when the range was planned, so that Spark's
+    attempts together wait ``brokerOutageTimeout`` and not each of them (``transport.outage.Outage``)."""
+    assert isinstance(partition, StreamRangePartition)
+    retried_since = partition.planned_at if _task_attempt() > 0 else None
+    yield from read_range(options, StreamRange(partition.stream, partition.start, partition.end), retried_since=retried_since)
+
+
+def _task_attempt() -> int:
+    """Which attempt of its task this is (0: the first; also outside a Spark task)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return 0 if context is None else context.attemptNumber()

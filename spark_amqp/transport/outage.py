@@ -24,19 +24,28 @@ class BrokerOutage(AmqpSourceError):
 
 
 class Outage:
-    def __init__(self, timeout: float, where: str) -> None:
+    """``retried_since``: in a task that Spark runs again, when its work was planned (wall clock, the driver's). Spark
+    retries a task up to ``spark.task.maxFailures`` (4) times, and each attempt's own deadline would make the query's
+    wait four times ``brokerOutageTimeout``: an earlier attempt has waited since then, so a retried one that reaches
+    no endpoint once that long has passed fails at once."""
+
+    def __init__(self, timeout: float, where: str, retried_since: float | None = None) -> None:
         self.timeout = timeout
         self.where = where  # the uri as shown (no password)
+        self.retried_since = retried_since
         self.since: float | None = None  # monotonic, when the first failure of this outage came
         self.since_wall: float | None = None
         self.last: dict[str, str] = {}  # endpoint (or the uri) -> its last error, in the order last tried
         self.failures = 0
+        self.unreachable = False  # the last failure reached no endpoint (not a connection that ended)
 
     @property
     def down(self) -> bool:
         return self.since is not None
 
-    def failed(self, err: BaseException, now: float | None = None) -> None:
+    def failed(self, err: BaseException, now: float | None = None, unreachable: bool = True) -> None:
+        """``unreachable``: no endpoint gave a connection (False: one that was open ended)."""
+        self.unreachable = unreachable
         now = time.monotonic() if now is None else now
         if self.since is None:
             self.since, self.since_wall = now, time.time() - (time.monotonic() - now)
@@ -49,6 +58,7 @@ class Outage:
 
     def recovered(self) -> None:
         self.since = self.since_wall = None
+        self.unreachable = False
         self.last = {}
         self.failures = 0
 
@@ -65,8 +75,17 @@ class Outage:
         """How long the caller tried before it gave up, for its error."""
         return f"still, after {self.failures} attempts over {self.seconds(now):.0f}s: brokerOutageTimeout={self.timeout:g}s"
 
-    def check(self, now: float | None = None) -> None:
-        """Raise ``BrokerOutage`` once the outage has lasted ``timeout`` seconds."""
+    def check(self, now: float | None = None, wall: float | None = None) -> None:
+        """Raise ``BrokerOutage`` once the outage has lasted ``timeout`` seconds (in a retried task, see the class)."""
+        if self.retried_since is not None and self.since is not None and self.unreachable:
+            planned = (time.time() if wall is None else wall) - self.retried_since
+            if planned >= self.timeout:
+                raise BrokerOutage(
+                    f"no answer from {self.where}: this is Spark's retry of a task planned {planned:.0f}s ago, whose earlier "
+                    f"attempt waited for the broker (brokerOutageTimeout={self.timeout:g}s), so this one does not wait again; "
+                    f"the last error of each: {self.last_errors}. Check the broker and the network; the query can be "
+                    "restarted from its checkpoint once the broker answers (raise brokerOutageTimeout to wait longer)"
+                )
         if self.since is not None and self.seconds(now) >= self.timeout:
             raise BrokerOutage(
                 f"no answer from {self.where} for {self.seconds(now):.0f}s (brokerOutageTimeout={self.timeout:g}s), "

@@ -618,6 +618,27 @@ def test_an_outage_longer_than_broker_outage_timeout_fails_planning_and_reading_
         p.close()
 
 
+def test_spark_retrying_a_task_does_not_wait_the_outage_again(embedded) -> None:  # type: ignore[no-untyped-def]
+    """Spark runs a failed task up to four times: before, each attempt waited brokerOutageTimeout (a query that read
+    on for 200 rows and then sat for 202 s with no error). A retry of a range planned that long ago fails at once."""
+    s = "outage.retried"
+    declare_stream(embedded.url, s)
+    publish(embedded.url, s, 0, 300)
+    opts = options(embedded.url, s, prefetch="100", connectionTimeout="1", brokerOutageTimeout="30s")
+    embedded.refuse_connections(60.0)
+    try:
+        began = time.monotonic()
+        with pytest.raises(AmqpSourceError, match=r"Spark's retry of a task planned 31s ago.*brokerOutageTimeout=30s"):
+            list(read_range(opts, StreamRange(s, 0, 300), retried_since=time.time() - 31))
+        assert time.monotonic() - began < 10  # one round of the endpoints, not 30 s more
+        # Planned more recently, a retry waits what is left of the deadline: the broker back within it, it reads on.
+        embedded.refuse_connections(2.0)
+        rows = list(read_range(opts, StreamRange(s, 0, 300), retried_since=time.time() - 20))
+        assert sum(b.num_rows for b in rows) == 300
+    finally:
+        embedded.refuse_connections(0.0)
+
+
 def test_a_range_whose_stream_was_declared_again_fails_naming_it(amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
     s = names.queue("stream")
     declare_stream(amqp_url, s)
