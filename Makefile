@@ -145,10 +145,19 @@ streamclient: $(STREAMCLIENT_CLASS) $(INTEROP_CLASS)
 ## AMQP_TEST_URL) is set. The tests without Spark run in TEST_WORKERS processes, then the Spark
 ## tests in one (they share one SparkSession) on the pinned PySpark, then the tests that need
 ## Delta on the Delta line's venv.
+# The tests that need Delta run beside those without Spark, which mostly wait on brokers (the Delta tests' output
+# follows theirs): on two cores the pair took about 300 s less than one after the other. No test without Spark
+# touches what a Delta test uses but its broker's load: they drop only their own connections, and the Artemis tests
+# take turns with the Delta one (tests/locks.py).
 test: $(STAMP) $(JARS_STAMP) $(DELTA_VENV)/.wheel $(INTEROP_CLASS)
-	$(PY) -m pytest -m "not spark" -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	@mkdir -p .cache
+	$(DELTA_PY) -m pytest -m "spark and delta" --durations=5 $(PYTEST_ARGS) >.cache/test-delta.log 2>&1 & delta=$$!; \
+	trap 'kill $$delta 2>/dev/null' INT TERM; \
+	$(PY) -m pytest -m "not spark" -n $(TEST_WORKERS) $(PYTEST_ARGS); plain=$$?; \
+	wait $$delta; delta_rc=$$?; \
+	echo "::: the tests that need Delta (PySpark $(DELTA_LINE)), run beside those without Spark:"; cat .cache/test-delta.log; \
+	[ $$plain -eq 0 ] && [ $$delta_rc -eq 0 ]
 	$(PY) -m pytest -m "spark and not delta" --durations=15 $(PYTEST_ARGS)
-	$(DELTA_PY) -m pytest -m "spark and delta" --durations=5 $(PYTEST_ARGS)
 
 ## RabbitMQ 3.10, 4.0 and 4.3 side by side (and a 4.3 that denies a deprecated feature), installed and
 ## started; then: export AMQP_TEST_BROKERS="$$(tools/rabbitmq urls)" AMQP_TEST_DENYING_URL="$$(tools/rabbitmq url 4.3-deny)"

@@ -220,7 +220,8 @@ def test_a_dropped_connection_loses_and_duplicates_nothing(url: str, queues: Any
     try:
         start, end = _plan(d)
         first = d.run_batch(start, end)  # planned, not committed
-        assert wait_for(lambda: drop_source_connections(url, None) >= 1)
+        # This run's connection only: other tests (the Delta tests too, run beside these) have theirs on the broker.
+        assert wait_for(lambda: drop_source_connections(url, None, f"spark-amqp source {d.runtime.run_id}") >= 1)
         rows = d.drain(60, timeout=60)
         assert sorted(_ids(rows)) == sorted(f"id-{i}" for i in range(60)), "lost or duplicated"
         assert d.runtime.intake.sessions_lost >= 1 and d.runtime.intake.copies_dropped >= len(first)

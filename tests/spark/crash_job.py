@@ -50,6 +50,7 @@ def main() -> None:
     p.add_argument("--kill-after-delta-commit", action="store_true")
     p.add_argument("--max-per-trigger", default="400")
     p.add_argument("--protocol", help="option 'protocol' (amqp1.0: read the queue over AMQP 1.0)")
+    p.add_argument("--shared-queue", action="store_true", help="exclusiveConsumer=false (Artemis)")
     args = p.parse_args()
 
     import sparkenv
@@ -71,6 +72,8 @@ def main() -> None:
         columns = ["message_id", "CAST(body AS STRING) AS body", "redelivered"]
     if args.protocol:
         reader = reader.option("protocol", args.protocol)
+    if args.shared_queue:
+        reader = reader.option("exclusiveConsumer", "false")
     if args.journal:
         reader = reader.option("journalLocation", args.journal)
     rows = reader.load().selectExpr(*columns)

@@ -49,6 +49,8 @@ class Job:
             flags = ("--stream", *flags)
         elif queue.startswith("test.amqp10."):
             flags = ("--protocol", "amqp1.0", *flags)
+        elif queue.startswith("test.artemis."):  # no management node there to ask for an exclusive consumer
+            flags = ("--protocol", "amqp1.0", "--shared-queue", *flags)
         args = [sys.executable, str(JOB), "--uri", url, "--queue", queue, "--table", str(work / "table")]
         args += ["--checkpoint", str(work / "checkpoint"), *flags]
         if journal:
