@@ -4,19 +4,19 @@
     tools/artemis start
     .venv/bin/python benchmarks/artemis_source.py [--url amqp://guest:guest@127.0.0.1:5682] [--messages 200000] [--rounds 2]
 
-Each round preloads ``--messages`` x 200 B (durable) with the connector's AMQP 1.0 sender, then drains them with each
-reader in turn: the source into Spark's noop sink (a processing-time trigger: Artemis's flow frames carry no
-``available``, so no AvailableNow; the rate counts the batches' processing time, leaving out the first, as
-source_throughput.py does), proton (credit 1000, every delivery accepted as it comes) and ``artemis perf consumer``
-(over Artemis's core protocol, the broker's limit here: the median of the rates it prints each second; its AMQP
-client cannot open a connection, see ``artemis_perf``). What limits the figures: broker, clients and Spark share the
-machine's 2 cores, and Artemis writes every durable message to its journal.
+Each round fills the queue for each reader in turn with ``artemis perf producer`` over AMQP (``--messages`` bytes
+messages of 200 B, persistent, 1000 unsettled), then drains it with the reader: the source into Spark's noop sink (a
+processing-time trigger: Artemis's flow frames carry no ``available``, so no AvailableNow; the rate counts the
+batches' processing time, leaving out the first, as source_throughput.py does), proton (credit 1000, every delivery
+accepted as it comes) and ``artemis perf consumer`` over AMQP (the broker's limit here: the median of the rates it
+prints each second). The perf tool's listener reads a property only its own producer sets, so the queue is filled by
+that producer for every reader. What limits the figures: broker, clients and Spark share the machine's 2 cores, and
+Artemis writes every durable message to its journal.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import re
 import statistics
@@ -31,12 +31,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 
-import pyarrow as pa
 from spark_runs import BatchLog, spark_session
-
-from spark_amqp.sink.amqp10_messages import Amqp10MessageBuilder
-from spark_amqp.sink.amqp10_publisher import Amqp10PartitionPublisher
-from spark_amqp.sink.options import parse_sink_options
 
 PERF_SECONDS = 120
 TOOL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "artemis")
@@ -44,9 +39,17 @@ BODY = b"x" * 200
 
 
 def preload(url: str, queue: str, count: int) -> None:
-    opts = parse_sink_options({"uri": url, "protocol": "amqp1.0", "routingKey": queue, "maxInFlight": "2000"})
-    batches = [pa.RecordBatch.from_pydict({"body": [BODY] * min(50_000, count - i)}) for i in range(0, count, 50_000)]
-    asyncio.run(Amqp10PartitionPublisher(opts, Amqp10MessageBuilder(opts)).publish(batches, "preload"))
+    """``count`` messages of ``artemis perf producer`` (over AMQP) in ``queue``."""
+    command = _cli(url, "perf", "producer", "--protocol", "AMQP", "--message-count", str(count), "--max-pending", "1000")
+    out = subprocess.run(
+        [*command, "--persistent", "--message-size", str(len(BODY)), f"queue://{queue}"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    ).stdout
+    if not re.search(rf"total sent:\s+{count}\b", out):
+        raise RuntimeError(f"artemis perf producer did not send {count}:\n{out[-2000:]}")
 
 
 def proton_consume(url: str, queue: str, count: int) -> float:
@@ -78,14 +81,12 @@ def proton_consume(url: str, queue: str, count: int) -> float:
 
 
 def artemis_perf(url: str, queue: str, count: int) -> float:
-    """``artemis perf consumer`` over Artemis's core protocol, for at most ``PERF_SECONDS``: over AMQP, the Qpid JMS
-    1.13.0 client inside Artemis 2.40.0 closes its first connection right after the broker's open and reports "Open
-    failed unexpectedly" (a frame trace: the broker's open carries no error), so it receives nothing; over the core
-    protocol it received about 17 msg/s of these AMQP-published messages (15,500 in 900 s, 2026-11-26): its listener
-    reads a timestamp property only ``artemis perf producer`` sets, and throws on any other message."""
-    command = _cli(url, "perf", "consumer", "--protocol", "CORE")
+    """``artemis perf consumer`` over AMQP (Qpid JMS 1.13.0 inside Artemis 2.40.0), for at most ``PERF_SECONDS``: the
+    median of the rates it prints each second. Its first connection fails ("Open failed unexpectedly", a warning)
+    and the ones after open."""
+    command = _cli(url, "perf", "consumer", "--protocol", "AMQP")
     out = subprocess.run(
-        [*command, "--message-count", str(count), "--duration", str(PERF_SECONDS), "--silent", f"queue://{queue}"],
+        [*command, "--message-count", str(count), "--duration", str(PERF_SECONDS), f"queue://{queue}"],
         capture_output=True,
         text=True,
         timeout=PERF_SECONDS + 300,
@@ -105,10 +106,14 @@ def purge(url: str, queue: str) -> None:
 
 
 def _cli(url: str, *command: str) -> list[str]:
-    """An artemis CLI command on the broker's core acceptor, logged in as ``url``'s user."""
+    """An artemis CLI command, logged in as ``url``'s user: on the broker's AMQP acceptor (``url``) for a perf command over
+    AMQP, else on its core acceptor."""
     parts = urllib.parse.urlsplit(url)
-    core = subprocess.run([TOOL, "core-url"], capture_output=True, text=True, check=True).stdout.strip()
-    return [TOOL, "cli", *command, "--url", core, "--user", parts.username or "guest", "--password", parts.password or "guest"]
+    if "AMQP" in command:
+        target = f"amqp://{parts.hostname}:{parts.port}"
+    else:
+        target = subprocess.run([TOOL, "core-url"], capture_output=True, text=True, check=True).stdout.strip()
+    return [TOOL, "cli", *command, "--url", target, "--user", parts.username or "guest", "--password", parts.password or "guest"]
 
 
 def source_noop(spark: Any, url: str, queue: str, count: int, workdir: str) -> float:
