@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+from typing import Any
 
 import pika
 import pyarrow as pa
@@ -42,3 +43,11 @@ def test_a_body_column_is_built_from_its_bytes_and_offsets(bodies: list[bytes]) 
 
     column = _binary(bodies)
     assert column.type == pa.binary() and column.to_pylist() == bodies
+
+
+def test_the_headers_column_is_what_arrow_makes_of_each_rows_pairs() -> None:
+    from spark_amqp.reading.arrow import HEADERS_TYPE, _headers, render_header
+
+    values: list[dict[str, Any] | None] = [None, {}, {"a": 1, "b": None, "c": b"\xff"}, None, {"x": "y"}, None]
+    expected = pa.array([None if h is None else [(k, render_header(v)) for k, v in h.items()] for h in values], HEADERS_TYPE)
+    assert _headers(values, len(values)).equals(expected)
