@@ -439,7 +439,7 @@ def test_sigterm_handler_closes_the_connection_cleanly(embedded: EmbeddedBroker)
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         assert wait_for(lambda: embedded.queue_stats("q")["unacked"] == 20)
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == -signal.SIGTERM
+        assert proc.wait(timeout=90) == -signal.SIGTERM  # its shutdown is bounded at 10 s; a loaded machine takes longer
     finally:
         proc.kill()
     ended = [how for name, how in embedded.ended_connections() if name.startswith("spark-amqp source")]
