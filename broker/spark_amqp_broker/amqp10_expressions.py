@@ -183,14 +183,14 @@ class _Parser:
         node = self.conjunction()
         while self.peek("OR"):
             self.at += 1
-            node = _or(node, self.conjunction())
+            node = _junction(node, self.conjunction(), True)
         return node
 
     def conjunction(self) -> Node:
         node = self.negation()
         while self.peek("AND"):
             self.at += 1
-            node = _and(node, self.negation())
+            node = _junction(node, self.negation(), False)
         return node
 
     def negation(self) -> Node:
@@ -347,28 +347,20 @@ def _arithmetic(op: str, left: Node, right: Node) -> Node:
     return value
 
 
-def _and(left: Node, right: Node) -> Node:
+def _junction(left: Node, right: Node, deciding: bool) -> Node:
+    """AND (``deciding`` False) or OR (True) with SQL's unknown: a side of the deciding value decides; both sides of the
+    other value give it; anything else is unknown."""
+
+    other = not deciding
+
     def value(m: Sections) -> bool | None:
-        a = left(m)
-        if a is False:
-            return False
-        b = right(m)
-        if b is False:
-            return False
-        return True if a is True and b is True else None
-
-    return value
-
-
-def _or(left: Node, right: Node) -> Node:
-    def value(m: Sections) -> bool | None:
-        a = left(m)
-        if a is True:
-            return True
-        b = right(m)
-        if b is True:
-            return True
-        return False if a is False and b is False else None
+        a: bool | None = left(m)  # a value that is no boolean (a bare number) counts as unknown here
+        if a is deciding:
+            return deciding
+        b: bool | None = right(m)
+        if b is deciding:
+            return deciding
+        return other if a is other and b is other else None
 
     return value
 

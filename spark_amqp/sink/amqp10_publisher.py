@@ -6,7 +6,9 @@ credit. RabbitMQ gives a publishing link at most ``max_link_credit`` (170) credi
 fewer than that many of the link's messages wait for their queues: one link would hold the window at 170. So when
 every link is out of credit with room left in the window, the partition opens one more anonymous link in the same
 session, up to ``maxInFlight`` over the broker's grant. RabbitMQ's session handles its transfers one after
-another whatever their link, so a partition's messages still reach a queue in the order of its rows. The broker's outcome settles each: ``accepted`` (RabbitMQ: every target queue has it), ``rejected``
+another whatever their link, so a partition's messages still reach a queue in the order of its rows.
+
+The broker's outcome settles each: ``accepted`` (RabbitMQ: every target queue has it), ``rejected``
 (its error names the queue and the reason), ``released`` (RabbitMQ: no queue was bound, so unroutable),
 ``modified``. The task fails on anything but ``accepted`` for every message (a released message only with
 ``mandatory``, the default: without it an unroutable message is dropped, as over AMQP 0-9-1), on a link or
