@@ -99,7 +99,9 @@ def test_a_dropped_connection_loses_and_duplicates_nothing(queue: str) -> None:
         session._loop.call_soon_threadsafe(session._client.abort, ConnectionLost("test: connection dropped"))
         rows = d.drain(60, timeout=60)
         assert sorted(_ids(rows)) == sorted(f"id-{i}" for i in range(60)), "lost or duplicated"
-        assert d.runtime.intake.sessions_lost >= 1 and d.runtime.intake.copies_dropped >= 10
+        # The last copies may still be on their way once the 60 rows are out (a loaded machine): idle as Spark does.
+        intake = d.runtime.intake
+        d.idle_until(lambda: intake.sessions_lost >= 1 and intake.copies_dropped >= 10, timeout=30)
     finally:
         d.close()
 
