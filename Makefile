@@ -44,6 +44,11 @@ BROKER_SOURCES := broker/pyproject.toml broker/README.md $(shell find broker/spa
 BROKER_PORT ?= 5673
 # Processes the tests without Spark are spread over (they mostly wait on brokers).
 TEST_WORKERS ?= 4
+# The JVMs the tests start (Spark's drivers, executors and jobs, each test's restarts): the client compiler only and
+# the serial collector. A JVM's CPU for a local session and a few small jobs went from 25-27 s to 12.9 s (measured
+# here), and the tests start dozens, on two cores; their work is small, so C2's faster code never pays off there.
+# Not for the demo or the benchmarks.
+TEST_JVM := -XX:TieredStopAtLevel=1 -XX:+UseSerialGC
 
 PERFTEST_DIR := .cache/perftest
 PERFTEST_STAMP := $(PERFTEST_DIR)/.stamp
@@ -52,7 +57,7 @@ STREAMCLIENT_STAMP := $(STREAMCLIENT_DIR)/.stamp
 STREAMCLIENT_CLASS := $(STREAMCLIENT_DIR)/classes/StreamConsume.class
 INTEROP_CLASS := $(STREAMCLIENT_DIR)/classes/StreamInterop.class
 
-.PHONY: install jars perftest streamclient wheel test test-matrix $(PYSPARK_LINES:%=test-pyspark%) test-python3.13 lint demo bench broker rabbitmq clean
+.PHONY: install jars perftest streamclient wheel test test-matrix $(PYSPARK_LINES:%=test-pyspark%) test-python3.13 lint demo bench broker rabbitmq soak clean
 
 $(STAMP): pyproject.toml broker/pyproject.toml conf/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -148,16 +153,28 @@ streamclient: $(STREAMCLIENT_CLASS) $(INTEROP_CLASS)
 # The tests that need Delta run beside those without Spark, which mostly wait on brokers (the Delta tests' output
 # follows theirs): on two cores the pair took about 300 s less than one after the other. No test without Spark
 # touches what a Delta test uses but its broker's load: they drop only their own connections, and the Artemis tests
-# take turns with the Delta one (tests/locks.py).
+# take turns with the Delta one (tests/locks.py). The Spark tests of production's faults (marker `faults`:
+# failovers, a silent network, a partition, a load balancer, a node lost, executors lost, stream-sink jobs killed),
+# which mostly wait on their faults, start once the tests without Spark are over (the cluster is theirs then:
+# tests/cluster takes the same lock), beside the rest of the Delta tests and then beside the other Spark tests.
+# .cache/test-phase1.done tells .ci/run that the Delta tests are over. Each lane writes its tests' durations to
+# .cache/junit-LANE.xml.
 test: $(STAMP) $(JARS_STAMP) $(DELTA_VENV)/.wheel $(INTEROP_CLASS)
 	@mkdir -p .cache
-	$(DELTA_PY) -m pytest -m "spark and delta" --durations=5 $(PYTEST_ARGS) >.cache/test-delta.log 2>&1 & delta=$$!; \
-	trap 'kill $$delta 2>/dev/null' INT TERM; \
-	$(PY) -m pytest -m "not spark" -n $(TEST_WORKERS) $(PYTEST_ARGS); plain=$$?; \
+	@rm -f .cache/test-phase1.done
+	export JAVA_TOOL_OPTIONS="$(TEST_JVM)"; \
+	$(DELTA_PY) -m pytest -m "spark and delta" --durations=5 --junitxml=.cache/junit-delta.xml $(PYTEST_ARGS) >.cache/test-delta.log 2>&1 & delta=$$!; \
+	trap 'kill $$delta $$faults 2>/dev/null' INT TERM; \
+	$(PY) -m pytest -m "not spark" -n $(TEST_WORKERS) --junitxml=.cache/junit-plain.xml $(PYTEST_ARGS); plain=$$?; \
+	$(PY) -m pytest -m "spark and faults" --durations=10 -rP --junitxml=.cache/junit-faults.xml $(PYTEST_ARGS) >.cache/test-faults.log 2>&1 & faults=$$!; \
 	wait $$delta; delta_rc=$$?; \
 	echo "::: the tests that need Delta (PySpark $(DELTA_LINE)), run beside those without Spark:"; cat .cache/test-delta.log; \
-	[ $$plain -eq 0 ] && [ $$delta_rc -eq 0 ]
-	$(PY) -m pytest -m "spark and not delta" --durations=15 $(PYTEST_ARGS)
+	if [ $$plain -ne 0 ] || [ $$delta_rc -ne 0 ]; then kill $$faults 2>/dev/null; exit 1; fi; \
+	touch .cache/test-phase1.done; \
+	$(PY) -m pytest -m "spark and not delta and not faults" --durations=15 --junitxml=.cache/junit-spark.xml $(PYTEST_ARGS); spark=$$?; \
+	wait $$faults; faults_rc=$$?; \
+	echo "::: the Spark tests of production's faults, run beside the other Spark tests:"; cat .cache/test-faults.log; \
+	[ $$spark -eq 0 ] && [ $$faults_rc -eq 0 ]
 
 ## RabbitMQ 3.10, 4.0 and 4.3 side by side (and a 4.3 that denies a deprecated feature), installed and
 ## started; then: export AMQP_TEST_BROKERS="$$(tools/rabbitmq urls)" AMQP_TEST_DENYING_URL="$$(tools/rabbitmq url 4.3-deny)"
@@ -165,6 +182,15 @@ test: $(STAMP) $(JARS_STAMP) $(DELTA_VENV)/.wheel $(INTEROP_CLASS)
 rabbitmq:
 	tools/rabbitmq install
 	tools/rabbitmq start
+	tools/netfault install
+	tools/haproxy install
+	tools/haproxy start
+
+## A week in an hour: every mode for an hour against the 3-node cluster, a random fault (a silent node, a partition,
+## HAProxy, a node lost for good, an executor lost) every few minutes; a report of rows, losses, duplicates, pauses
+## and memory in .cache/soak/. Not in CI. SOAK_ARGS="--minutes 10" for a shorter one.
+soak: $(STAMP) rabbitmq
+	$(PY) soak/soak.py $(SOAK_ARGS)
 
 ## The Spark tests on another PySpark line (tests marked `delta` run in `make test` on the Delta line, `pinned` on the
 ## pinned line only), on the embedded broker: what differs between PySpark lines does not depend on the RabbitMQ line.
@@ -172,7 +198,7 @@ rabbitmq:
 $(PYSPARK_LINES:%=test-pyspark%): test-pyspark%: .venv-pyspark%/.wheel
 	@echo "PySpark $* on $$(.venv-pyspark$*/bin/python --version), pyarrow $$(.venv-pyspark$*/bin/python -c 'import pyarrow; print(pyarrow.__version__)')"
 	$(if $(filter $*,$(LOWEST_LINE)),$(EMBEDDED_ONLY) .venv-pyspark$*/bin/python -m pytest -m "not spark" -n $(TEST_WORKERS) -p no:cacheprovider $(PYTEST_ARGS))
-	$(EMBEDDED_ONLY) .venv-pyspark$*/bin/python -m pytest $(if $(filter $*,$(MIDDLE_LINES)),$(SPARK_MODE_TESTS),tests/spark) -m "spark and not delta and not pinned" -p no:cacheprovider $(PYTEST_ARGS)
+	$(EMBEDDED_ONLY) JAVA_TOOL_OPTIONS="$(TEST_JVM)" .venv-pyspark$*/bin/python -m pytest $(if $(filter $*,$(MIDDLE_LINES)),$(SPARK_MODE_TESTS),tests/spark) -m "spark and not delta and not pinned" -p no:cacheprovider --junitxml=.cache/junit-pyspark$*.xml $(PYTEST_ARGS)
 
 ## The Spark tests on every other PySpark line; `make test` covers the pinned one.
 test-matrix: $(PYSPARK_LINES:%=test-pyspark%)
@@ -186,7 +212,7 @@ $(PY313_VENV)/.installed: pyproject.toml broker/pyproject.toml conf/constraints.
 ## The tests without Spark and the Spark tests of every mode's source and sink (SPARK_MODE_TESTS) on the pinned
 ## PySpark, on CPython 3.13 (the embedded broker: tools/python3.13 passes no AMQP_TEST_* variable into the chroot).
 test-python3.13: $(PY313_VENV)/.installed
-	tools/python3.13 run "$(PY313_VENV)/bin/python --version && $(PY313_VENV)/bin/python -m pytest -m 'not spark' -n $(TEST_WORKERS) -p no:cacheprovider $(PYTEST_ARGS) && $(PY313_VENV)/bin/python -m pytest $(SPARK_MODE_TESTS) -m 'spark and not delta and not pinned' -p no:cacheprovider $(PYTEST_ARGS)"
+	tools/python3.13 run "$(PY313_VENV)/bin/python --version && $(PY313_VENV)/bin/python -m pytest -m 'not spark' -n $(TEST_WORKERS) -p no:cacheprovider $(PYTEST_ARGS) && JAVA_TOOL_OPTIONS='$(TEST_JVM)' $(PY313_VENV)/bin/python -m pytest $(SPARK_MODE_TESTS) -m 'spark and not delta and not pinned' -p no:cacheprovider --junitxml=.cache/junit-python3.13.xml $(PYTEST_ARGS)"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

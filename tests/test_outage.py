@@ -50,7 +50,7 @@ def test_a_retry_loop_gives_up_before_a_delay_that_would_pass_the_timeout_and_sa
     o.failed(ConnectionLost("stream not available (0x06)"), now=0.0)
     o.failed(ConnectionLost("stream not available (0x06)"), now=1.4)
     assert o.allows(0.6, now=1.4) and not o.allows(0.61, now=1.4)
-    assert o.waited(now=1.4) == "still, after 2 attempts over 1s: brokerOutageTimeout=2s"
+    assert o.waited(now=1.4) == "still, after 2 attempt(s) over 1s: brokerOutageTimeout=2s"
 
 
 def test_in_a_retried_task_no_endpoint_once_the_deadline_has_passed_since_planning_fails_at_once() -> None:
@@ -65,3 +65,14 @@ def test_in_a_retried_task_no_endpoint_once_the_deadline_has_passed_since_planni
     first = Outage(120.0, WHERE)  # the first attempt waits the whole deadline from its own first failure
     first.failed(ConnectionLost("connection refused"), now=6.0)
     first.check(now=125.0, wall=10_000.0)
+
+
+def test_a_retried_task_s_retry_loop_gives_up_once_its_write_is_older_than_the_deadline_and_says_so() -> None:
+    # The sinks' loops ask allows() before each new attempt (patiently, the stream publisher).
+    o = Outage(120.0, WHERE, retried_since=1_000.0)
+    o.failed(ConnectionLost("cannot connect to h1:5672: connection refused"), now=6.0)
+    assert o.allows(0.5, now=6.0, wall=1_119.0) and not o.allows(1.0, now=6.0, wall=1_119.0)
+    assert o.waited(now=6.0, wall=1_119.0).startswith("still, after 1 attempt(s) over 0s: this is Spark's retry of a task planned 119s ago")
+    first = Outage(120.0, WHERE)  # a first attempt: from its own first failure
+    first.failed(ConnectionLost("connection refused"), now=6.0)
+    assert first.allows(1.0, now=6.0, wall=10_000.0)

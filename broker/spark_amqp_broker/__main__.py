@@ -27,6 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     broker = EmbeddedBroker(
         args.host, args.port, args.user, args.password, args.heartbeat, args.consumer_timeout_ms, stream_port=args.stream_port
     )
+    # Handlers first: a SIGTERM that comes once clients can connect must stop the broker cleanly.
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
     broker.start()
     logging.info(
         "embedded AMQP broker listening on %s:%s (AMQP 0-9-1 and 1.0), stream protocol on %s (in memory only)",
@@ -34,9 +38,6 @@ def main(argv: list[str] | None = None) -> int:
         broker.port,
         broker.stream_port,
     )
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     stop.wait()
     broker.stop()
     return 0

@@ -27,7 +27,7 @@ from ..transport.connection import CLOSE_TIMEOUT, Connection, parse_version
 from ..transport.login import Login
 from ..transport.options import ConnectionOptions
 from ..transport.tokens import Token
-from .links import DeliveryHandler, Link, OutcomeHandler, Receiver, Sender
+from .links import DeliveryHandler, Link, OutcomeHandler, Receiver, Sender, serial_ids
 from .management import Management
 
 __all__ = ["Amqp10Client"]
@@ -239,12 +239,14 @@ class Amqp10Client(Connection):
         code = code if isinstance(code, int) else -1
         # One call per run of ids on the same link: a range covers thousands of a publisher's messages.
         run_first, run_sender = first, None
-        for delivery_id in range(first, last + 1):
+        previous = first
+        for delivery_id in serial_ids(first, last):
             sender = self._outgoing.pop(delivery_id, None)
             if sender is not run_sender:
                 if run_sender is not None:
-                    run_sender.on_outcome(run_first, delivery_id - 1, code, values)
+                    run_sender.on_outcome(run_first, previous, code, values)
                 run_first, run_sender = delivery_id, sender
+            previous = delivery_id
         if run_sender is not None:
             run_sender.on_outcome(run_first, last, code, values)
 
@@ -342,6 +344,13 @@ class Amqp10Client(Connection):
 
     def track(self, delivery_id: int, sender: Sender) -> None:
         self._outgoing[delivery_id] = sender
+
+    def advance_delivery_ids(self, count: int, sender: Sender) -> None:
+        """``count`` ids from the next, which ``sender`` has just sent unsettled (ids that do not wrap)."""
+        first = self._next_delivery
+        self._outgoing.update(zip(range(first, first + count), itertools.repeat(sender)))
+        self._next_delivery = (first + count) & 0xFFFFFFFF
+        self.next_outgoing_id = (self.next_outgoing_id + count) & 0xFFFFFFFF
 
     async def management_request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         """(status code, body) of RabbitMQ's management node's answer (``management.Management``)."""

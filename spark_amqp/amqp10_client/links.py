@@ -38,6 +38,13 @@ DeliveryHandler = Callable[[int, bytes], None]
 OutcomeHandler = Callable[[int, int, int, list[Any]], None]
 
 
+def serial_ids(first: int, last: int) -> range | list[int]:
+    """Delivery ids ``first`` to ``last``, which are serial numbers: a range may run past 2**32 - 1 to 0 and on."""
+    if first <= last:
+        return range(first, last + 1)
+    return [*range(first, 1 << 32), *range(last + 1)]
+
+
 class Link:
     def __init__(self, client: Amqp10Client, handle: int, name: str, address: str) -> None:
         self.client = client
@@ -207,6 +214,24 @@ class Sender(Link):
         self.delivery_count = (self.delivery_count + 1) & 0xFFFFFFFF
         self.credit -= 1
         return delivery_id
+
+    def send_run(self, payloads: list[bytes]) -> int:
+        """Transfers ``payloads`` (at most the credit) in one write; the first's delivery id, the rest following it.
+        A sink's usual run costs one socket write rather than one per message."""
+        client = self.client
+        first = client._next_delivery
+        room = client.max_frame - TRANSFER_OVERHEAD
+        usual = not self.settled and self.handle < 256 and first + len(payloads) <= 0xFFFFFFFF
+        if not usual or not payloads or max(map(len, payloads)) > room:
+            for payload in payloads:
+                self.send(payload)
+            return first
+        handle, transfer = self.handle, p.usual_transfer
+        client.write(b"".join([transfer(handle, delivery_id, payload) for delivery_id, payload in enumerate(payloads, first)]))
+        client.advance_delivery_ids(len(payloads), self)
+        self.delivery_count = (self.delivery_count + len(payloads)) & 0xFFFFFFFF
+        self.credit -= len(payloads)
+        return first
 
     def _flow(self, delivery_count: int | None, credit: int) -> None:
         # The receiver's view: what it has taken (delivery-count) plus credit is how far this sender may go.

@@ -77,6 +77,10 @@ class Intake:
                 buffer.append(entry)
             elif isinstance(item, SessionClosed):
                 self._session_closed(item)
+                if returned:
+                    # Its returned deliveries come back once more on the next session: reporting these too
+                    # journalled each message once per session lost between two pumps.
+                    returned = [e for e in returned if e.delivery.session != item.session]
             elif isinstance(item, AckConfirmed):
                 ledger = ledgers.get(item.session)
                 if ledger is not None:

@@ -7,6 +7,8 @@ fewer than that many of the link's messages wait for their queues: one link woul
 every link is out of credit with room left in the window, the partition opens one more anonymous link in the same
 session, up to ``maxInFlight`` over the broker's grant. RabbitMQ's session handles its transfers one after
 another whatever their link, so a partition's messages still reach a queue in the order of its rows.
+Messages go in runs, as many as the window and a link's credit take in one write: one socket write per message cost
+more of the cores the broker shares than the broker's own work on the 0-9-1 path did.
 
 The broker's outcome settles each: ``accepted`` (RabbitMQ: every target queue has it), ``rejected``
 (its error names the queue and the reason), ``released`` (RabbitMQ: no queue was bound, so unroutable),
@@ -25,6 +27,7 @@ from typing import Any
 
 from ..amqp10.performatives import Performative
 from ..amqp10_client import Amqp10Client, Sender
+from ..amqp10_client.links import serial_ids
 from ..amqp10_client.management import bind, declare_exchange, declare_queue
 from ..errors import AmqpProtocolError, AmqpPublishError, ConnectionLost, explain
 from .amqp10_messages import Amqp10Message, Amqp10MessageBuilder
@@ -35,8 +38,9 @@ log = logging.getLogger("spark_amqp.sink")
 
 
 class Amqp10PartitionPublisher:
-    def __init__(self, options: SinkOptions, builder: Amqp10MessageBuilder) -> None:
+    def __init__(self, options: SinkOptions, builder: Amqp10MessageBuilder, retried_since: float | None = None) -> None:
         self.options = options
+        self.retried_since = retried_since  # in Spark's retry of the task: when its write began (Outage)
         self.builder = builder
         self._addresses: dict[int, str] = {}  # unsettled delivery id -> its address (for the error)
         self._rejections: list[str] = []
@@ -46,7 +50,7 @@ class Amqp10PartitionPublisher:
     async def publish(self, batches: Iterable[Any], description: str) -> PublishResult:
         """Publish the messages of every Arrow batch in ``batches``."""
         opts = self.options
-        client, anonymous = await patiently(opts, lambda: self._ready(description))
+        client, anonymous = await patiently(opts, lambda: self._ready(description), self.retried_since)
         window = ConfirmWindow(opts.max_in_flight)
         anonymous.on_outcome = lambda first, last, code, values: self._outcome(window, first, last, code, values)
         failed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
@@ -59,7 +63,10 @@ class Amqp10PartitionPublisher:
         last: Amqp10Message | None = None
         try:
             for batch in batches:
-                for message in self.builder.amqp10_messages(batch):
+                messages = self.builder.amqp10_messages(batch)
+                i, n = 0, len(messages)
+                while i < n:  # in runs: as many as the window and a link's credit take, in one write
+                    message = messages[i]
                     if window.outstanding >= window.limit and not await window.wait_for_room(opts.confirm_timeout, failed):
                         raise self._timeout(window, message)
                     if rabbitmq:
@@ -73,13 +80,17 @@ class Amqp10PartitionPublisher:
                     if sender is None:
                         raise self._timeout(window, message)
                     self._raise_if_failed(failed, window, message)
-                    delivery_id = sender.send(message.record)
-                    self._addresses[delivery_id] = message.address
-                    window.sent()
-                    last = message
-                    if window.published % YIELD_EVERY == 0:
-                        await asyncio.sleep(0)
-                    self._raise_if_broken(window, message)
+                    end = i + min(n - i, window.limit - window.outstanding, sender.credit, YIELD_EVERY)
+                    if not rabbitmq:  # a link per address: the run ends where the address changes
+                        end = next((j for j in range(i + 1, end) if messages[j].address != message.address), end)
+                    run = messages[i:end]
+                    first = sender.send_run([m.record for m in run])
+                    ids = serial_ids(first, (first + len(run) - 1) & 0xFFFFFFFF)
+                    self._addresses.update(zip(ids, [m.address for m in run], strict=True))
+                    window.sent(len(run))
+                    last, i = run[-1], end
+                    await asyncio.sleep(0)  # the reader takes outcomes and credit between runs
+                    self._raise_if_broken(window, last)
             if window.outstanding and not await window.wait_until_all_answered(opts.confirm_timeout, failed):
                 raise self._timeout(window, last)
             self._raise_if_failed(failed, window, last)
@@ -165,7 +176,7 @@ class Amqp10PartitionPublisher:
 
     def _outcome(self, window: ConfirmWindow, first: int, last: int, code: int, values: list[Any]) -> None:
         """Deliveries ``first`` to ``last`` of one link settled with one outcome."""
-        addresses = [self._addresses.pop(delivery_id, "?") for delivery_id in range(first, last + 1)]
+        addresses = [self._addresses.pop(delivery_id, "?") for delivery_id in serial_ids(first, last)]
         # Outcomes may come out of order: the window only counts them.
         upto = window.answered + len(addresses)
         if code == Performative.ACCEPTED:

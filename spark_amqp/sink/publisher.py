@@ -64,8 +64,8 @@ class ConfirmWindow:
     def outstanding(self) -> int:
         return self.published - self.answered
 
-    def sent(self) -> None:
-        self.published += 1
+    def sent(self, count: int = 1) -> None:
+        self.published += count
         if self.outstanding >= self.limit:
             self._room.clear()
 
@@ -119,7 +119,8 @@ class ConfirmWindow:
 
 
 class PartitionPublisher:
-    def __init__(self, options: SinkOptions) -> None:
+    def __init__(self, options: SinkOptions, retried_since: float | None = None) -> None:
+        self.retried_since = retried_since  # in Spark's retry of the task: when its write began (Outage)
         self.options = options
 
     async def publish(
@@ -178,7 +179,7 @@ class PartitionPublisher:
                 await client.close()
                 raise
 
-        return await patiently(self.options, attempt)
+        return await patiently(self.options, attempt, self.retried_since)
 
     async def _open_channel(self, client: AmqpClient) -> ClientChannel:
         """A channel in confirm mode, after any declarations asked for; a refusal names what was refused."""
@@ -275,11 +276,12 @@ async def _connect(opts: SinkOptions, description: str) -> AmqpClient:
         raise AmqpPublishError(f"{explain(err, c.display_uri, c.username, c.vhost)}; {retry_hint(err)}") from err
 
 
-async def patiently(opts: SinkOptions, attempt: Callable[[], Awaitable[T]]) -> T:
+async def patiently(opts: SinkOptions, attempt: Callable[[], Awaitable[T]], retried_since: float | None = None) -> T:
     """``attempt`` again while it fails with an ``AmqpPublishError`` caused by a transient fault, for up to
-    brokerOutageTimeout: nothing is published before it succeeds, so trying again is safe."""
+    brokerOutageTimeout (counted, in Spark's retry of the task, from ``retried_since``: ``Outage``): nothing is
+    published before it succeeds, so trying again is safe."""
     backoff = Backoff()
-    outage = Outage(opts.connection.outage_timeout, opts.connection.display_uri)
+    outage = Outage(opts.connection.outage_timeout, opts.connection.display_uri, retried_since)
     while True:
         try:
             return await attempt()

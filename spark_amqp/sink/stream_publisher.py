@@ -45,17 +45,20 @@ _FRAME_HEAD = 13  # size, key, version, publisher id, count
 
 
 class _Failed(Exception):
-    """Something ended the connection's usefulness: ``reason`` says what; ``stream`` which stream, if one."""
+    """Something ended the connection's usefulness: ``reason`` says what; ``stream`` which stream, if one;
+    ``unreachable``: while connecting (no node served the stream), not a connection that ended mid-publish."""
 
-    def __init__(self, reason: AmqpProtocolError, stream: str | None = None) -> None:
+    def __init__(self, reason: AmqpProtocolError, stream: str | None = None, unreachable: bool = False) -> None:
         super().__init__(str(reason))
         self.reason = reason
         self.stream = stream
+        self.unreachable = unreachable
 
 
 class StreamPartitionPublisher:
-    def __init__(self, options: SinkOptions, producer: Producer) -> None:
+    def __init__(self, options: SinkOptions, producer: Producer, retried_since: float | None = None) -> None:
         self.options = options
+        self.retried_since = retried_since  # in Spark's retry of the task: when its write began (Outage)
         self.producer = producer
         self.builder = StreamMessageBuilder(options, producer)
         self.pending: list[dict[int, StreamMessage]] = []  # per target: unconfirmed, by publishing id
@@ -76,7 +79,7 @@ class StreamPartitionPublisher:
         """Publish every row; return once the broker has confirmed every message."""
         messages: Iterator[StreamMessage] = (m for batch in batches for m in self.builder.stream_messages(batch))
         backoff = Backoff()
-        outage = Outage(self.options.connection.outage_timeout, self.options.connection.display_uri)
+        outage = Outage(self.options.connection.outage_timeout, self.options.connection.display_uri, self.retried_since)
         while True:
             confirmed_before = self.confirmed
             try:
@@ -93,7 +96,7 @@ class StreamPartitionPublisher:
                 if self.confirmed > confirmed_before:
                     backoff.reset()
                     outage.recovered()
-                outage.failed(failed.reason)
+                outage.failed(failed.reason, unreachable=failed.unreachable)
                 delay = backoff.next()
                 if not self._may_retry(failed, outage, delay):
                     raise self._error(failed, outage) from failed.reason
@@ -127,7 +130,7 @@ class StreamPartitionPublisher:
             else:  # a super stream's partitions lead on several nodes: a connection to each leader, found below
                 client = await StreamClient.connect(opts.connection, name)
         except AmqpProtocolError as err:
-            raise _Failed(err) from None
+            raise _Failed(err, unreachable=True) from None
         self._client = client
         self._via = [client]
         if not self._learned:  # what the messages depend on: the broker's line and frame size, the partitions
@@ -143,7 +146,7 @@ class StreamPartitionPublisher:
             try:
                 self._via = await connect_to_leaders(client, self.builder.targets)
             except AmqpProtocolError as err:
-                raise _Failed(err, opts.super_stream) from None
+                raise _Failed(err, opts.super_stream, unreachable=True) from None
             if client not in self._via:  # it leads none of the partitions
                 self._client = self._via[0]
                 await client.close()
@@ -159,7 +162,7 @@ class StreamPartitionPublisher:
                     lambda errors, s=stream: self._on_error(s, errors),  # type: ignore[misc]
                 )
             except AmqpProtocolError as err:
-                raise _Failed(err, stream) from None
+                raise _Failed(err, stream, unreachable=True) from None
 
     def _connections(self) -> list[StreamClient]:
         """Every connection this partition publishes on (one per leader node), each once."""
@@ -170,7 +173,7 @@ class StreamPartitionPublisher:
         try:
             found = await partitions_by_name(client, super_stream)
         except AmqpProtocolError as err:
-            raise _Failed(err, super_stream) from None
+            raise _Failed(err, super_stream, unreachable=True) from None
         return self._checked_partitions(super_stream, found)
 
     def _checked_partitions(self, super_stream: str, found: list[str]) -> tuple[str, ...]:
@@ -315,7 +318,7 @@ class StreamPartitionPublisher:
         subject = f"stream '{failed.stream}'" if failed.stream else self.options.target
         unconfirmed = self.published - self.confirmed
         waited = ""
-        if is_transient(failed.reason) and outage.failures > 1:
+        if is_transient(failed.reason) and (outage.failures > 1 or outage.retry_expired()):
             waited = f" ({outage.waited()})"
         if not self.published:
             said = explain(failed.reason, c.display_uri, c.username, c.vhost, subject)

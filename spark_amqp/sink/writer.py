@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from pyspark.sql.types import StructType
 from ..client import AmqpClient
 from ..client.super_streams import partitions_of
 from ..errors import AmqpOptionError, AmqpProtocolError, AmqpPublishError, AmqpSourceError, explain
+from ..transport.outage import retried_since
 from .amqp10_messages import Amqp10MessageBuilder
 from .amqp10_publisher import Amqp10PartitionPublisher
 from .columns import MessageBuilder
@@ -49,8 +51,12 @@ class AmqpCommitMessage(WriterCommitMessage):
     confirmed: int
 
 
-def _publish_partition(options: SinkOptions, batches: Iterator[pa.RecordBatch], write_id: str | None) -> AmqpCommitMessage:
-    """``write_id``: the batch writer's (producer names of a batch write); None when streaming."""
+def _publish_partition(
+    options: SinkOptions, batches: Iterator[pa.RecordBatch], write_id: str | None, planned_at: float
+) -> AmqpCommitMessage:
+    """``write_id``: the batch writer's (producer names of a batch write); None when streaming. ``planned_at``: when the
+    driver made the writer of this write or micro-batch, from which Spark's retries of the task count an outage."""
+    since = retried_since(planned_at)
     if options.connection.stream_protocol:
         from pyspark import TaskContext
 
@@ -58,14 +64,15 @@ def _publish_partition(options: SinkOptions, batches: Iterator[pa.RecordBatch], 
         if context is None:
             raise AmqpOptionError("the stream sink publishes from Spark tasks only")
         producer = task_producer(context, write_id, options.deduplication)
-        done = asyncio.run(StreamPartitionPublisher(options, producer).publish(batches))
+        done = asyncio.run(StreamPartitionPublisher(options, producer, since).publish(batches))
         return AmqpCommitMessage(producer.description, done.published, done.confirmed)
     partition = uuid.uuid4().hex[:8]
     if options.connection.amqp10:
-        result = asyncio.run(Amqp10PartitionPublisher(options, Amqp10MessageBuilder(options)).publish(batches, partition))
+        result = asyncio.run(Amqp10PartitionPublisher(options, Amqp10MessageBuilder(options), since).publish(batches, partition))
         return AmqpCommitMessage(partition, result.published, result.confirmed)
     builder = MessageBuilder(options)
-    result = asyncio.run(PartitionPublisher(options).publish((builder.messages(b) for b in batches), partition, connected(builder)))
+    publisher = PartitionPublisher(options, since)
+    result = asyncio.run(publisher.publish((builder.messages(b) for b in batches), partition, connected(builder)))
     return AmqpCommitMessage(partition, result.published, result.confirmed)
 
 
@@ -185,9 +192,10 @@ class AmqpBatchWriter(DataSourceArrowWriter):
         self.options = options
         # Drawn once, on the driver: every task of this write, retries included, publishes under it.
         self.write_id = f"write-{uuid.uuid4()}"
+        self.planned_at = time.time()
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> AmqpCommitMessage:
-        return _publish_partition(self.options, iterator, self.write_id)
+        return _publish_partition(self.options, iterator, self.write_id, self.planned_at)
 
     def commit(self, messages: list[Any]) -> None:
         _log_commit(messages, None)
@@ -200,10 +208,13 @@ class AmqpStreamWriter(_StreamBase):
     def __init__(self, options: SinkOptions, schema: StructType) -> None:
         self.options = options
         self.schema = schema
+        # Spark makes the writer anew on the driver for each micro-batch (its writer factory asks Python for one
+        # each time), just before the batch's tasks: so this is when the batch's write began.
+        self.planned_at = time.time()
 
     def write(self, iterator: Iterator[Any]) -> AmqpCommitMessage:
         batches = iterator if STREAM_ARROW else _rows_to_batches(iterator, arrow_schema(self.schema))
-        return _publish_partition(self.options, batches, None)
+        return _publish_partition(self.options, batches, None, self.planned_at)
 
     def commit(self, messages: list[Any], batchId: int) -> None:
         _log_commit(messages, batchId)

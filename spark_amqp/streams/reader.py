@@ -16,6 +16,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
 from ..reading.read_limits import AVAILABLE_NOW_BASES, default_limit, limit_terms
+from ..transport.outage import retried_since
 from .options import StreamSourceOptions
 from .planner import StreamPlanner
 from .range_reader import read_range
@@ -88,13 +89,5 @@ def read_partition(options: StreamSourceOptions, partition: InputPartition) -> I
     """A task's range. In Spark's retry of the task, an outage counts from when the range was planned, so that Spark's
     attempts together wait ``brokerOutageTimeout`` and not each of them (``transport.outage.Outage``)."""
     assert isinstance(partition, StreamRangePartition)
-    retried_since = partition.planned_at if _task_attempt() > 0 else None
-    yield from read_range(options, StreamRange(partition.stream, partition.start, partition.end), retried_since=retried_since)
-
-
-def _task_attempt() -> int:
-    """Which attempt of its task this is (0: the first; also outside a Spark task)."""
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    return 0 if context is None else context.attemptNumber()
+    since = retried_since(partition.planned_at)
+    yield from read_range(options, StreamRange(partition.stream, partition.start, partition.end), retried_since=since)

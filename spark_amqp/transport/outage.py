@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import AllEndpointsFailed, AmqpSourceError
 
-__all__ = ["BrokerOutage", "Outage"]
+__all__ = ["BrokerOutage", "Outage", "retried_since"]
 
 
 class BrokerOutage(AmqpSourceError):
@@ -67,25 +67,43 @@ class Outage:
             return 0.0
         return (time.monotonic() if now is None else now) - self.since
 
-    def allows(self, delay: float, now: float | None = None) -> bool:
+    def allows(self, delay: float, now: float | None = None, wall: float | None = None) -> bool:
         """Whether one more attempt after ``delay`` still comes within the timeout (else give up now, not after)."""
-        return self.seconds(now) + delay <= self.timeout
+        return self.seconds(now) + delay <= self.timeout and not self.retry_expired(delay, wall)
 
-    def waited(self, now: float | None = None) -> str:
+    def waited(self, now: float | None = None, wall: float | None = None) -> str:
         """How long the caller tried before it gave up, for its error."""
-        return f"still, after {self.failures} attempts over {self.seconds(now):.0f}s: brokerOutageTimeout={self.timeout:g}s"
+        tried = f"still, after {self.failures} attempt(s) over {self.seconds(now):.0f}s"
+        if self.retried_since is not None and self.unreachable and self.seconds(now) < self.timeout:  # not its own wait
+            return f"{tried}: {self.retried_too_late(wall)}"
+        return f"{tried}: brokerOutageTimeout={self.timeout:g}s"
+
+    def retry_expired(self, delay: float = 0.0, wall: float | None = None) -> bool:
+        """In a retried task that reaches no endpoint, whether its work was planned ``timeout`` or more ago (after
+        ``delay``): an earlier attempt has waited out the broker since then (see the class)."""
+        if self.retried_since is None or self.since is None or not self.unreachable:
+            return False
+        return self.planned_ago(wall) + delay >= self.timeout
+
+    def planned_ago(self, wall: float | None = None) -> float:
+        assert self.retried_since is not None
+        return (time.time() if wall is None else wall) - self.retried_since
+
+    def retried_too_late(self, wall: float | None = None) -> str:
+        """Why a retried task gives up at once (``retry_expired``), for its error."""
+        return (
+            f"this is Spark's retry of a task planned {self.planned_ago(wall):.0f}s ago, whose earlier attempt waited for the "
+            f"broker (brokerOutageTimeout={self.timeout:g}s), so this one does not wait again"
+        )
 
     def check(self, now: float | None = None, wall: float | None = None) -> None:
         """Raise ``BrokerOutage`` once the outage has lasted ``timeout`` seconds (in a retried task, see the class)."""
-        if self.retried_since is not None and self.since is not None and self.unreachable:
-            planned = (time.time() if wall is None else wall) - self.retried_since
-            if planned >= self.timeout:
-                raise BrokerOutage(
-                    f"no answer from {self.where}: this is Spark's retry of a task planned {planned:.0f}s ago, whose earlier "
-                    f"attempt waited for the broker (brokerOutageTimeout={self.timeout:g}s), so this one does not wait again; "
-                    f"the last error of each: {self.last_errors}. Check the broker and the network; the query can be "
-                    "restarted from its checkpoint once the broker answers (raise brokerOutageTimeout to wait longer)"
-                )
+        if self.retry_expired(wall=wall):
+            raise BrokerOutage(
+                f"no answer from {self.where}: {self.retried_too_late(wall)}; the last error of each: {self.last_errors}. "
+                "Check the broker and the network; the query can be restarted from its checkpoint once the broker answers "
+                "(raise brokerOutageTimeout to wait longer)"
+            )
         if self.since is not None and self.seconds(now) >= self.timeout:
             raise BrokerOutage(
                 f"no answer from {self.where} for {self.seconds(now):.0f}s (brokerOutageTimeout={self.timeout:g}s), "
@@ -104,3 +122,12 @@ class Outage:
             return None
         since = datetime.datetime.fromtimestamp(self.since_wall, datetime.UTC).isoformat(timespec="seconds")
         return {"since": since, "seconds": round(self.seconds(now)), "attempts": self.failures, "lastError": self.last_errors}
+
+
+def retried_since(planned_at: float) -> float | None:
+    """``planned_at`` in Spark's retry of a task (``Outage``'s ``retried_since``); None in its first attempt, and outside
+    a Spark task."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return planned_at if context is not None and context.attemptNumber() > 0 else None

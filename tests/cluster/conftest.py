@@ -5,12 +5,15 @@ the test ends."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import pika
 import pytest
@@ -42,6 +45,31 @@ def with_hosts(url: str, hosts: list[str]) -> str:
 
 def _tool(*args: str, timeout: float = 120) -> str:
     return subprocess.run([str(TOOLS), *args], check=True, capture_output=True, text=True, timeout=timeout).stdout.strip()
+
+
+NETFAULT = TOOLS.parent / "netfault"
+
+
+def _netfault(*args: str) -> None:
+    subprocess.run([str(NETFAULT), *args], check=True, capture_output=True, text=True, timeout=60)
+
+
+def silent_network_possible() -> str | None:
+    """Why packets cannot be dropped here (``tools/netfault install`` installs iptables), or None."""
+    if os.geteuid() != 0:
+        return "dropping packets needs root (iptables)"
+    if shutil.which("iptables") is None:
+        return "iptables is not installed: tools/netfault install"
+    return None
+
+
+def _cgroup2_root() -> str:
+    with open("/proc/mounts") as mounts:
+        for line in mounts:
+            fields = line.split()
+            if fields[2] == "cgroup2":
+                return fields[1]
+    raise AssertionError("this machine has no cgroup2 hierarchy, which tools/netfault isolate needs")
 
 
 @dataclass(frozen=True)
@@ -92,6 +120,32 @@ class Cluster:
             stopper.cancel()
             stopper.join()
             _tool("start", name)
+
+    @contextmanager
+    def silenced(self, name: str) -> Iterator[None]:
+        """Node ``name``'s client ports (AMQP and stream) silent for the block: their packets dropped both ways
+        (``tools/netfault``), so connections stay open and hear nothing. The cluster's own traffic goes on."""
+        node = self.node(name)
+        try:
+            _netfault("drop", str(node.port), str(node.stream_port))
+            yield
+        finally:
+            _netfault("clear")
+
+    @contextmanager
+    def partitioned(self, name: str) -> Iterator[None]:
+        """Node ``name`` cut off from the other nodes for the block, not from its clients: every packet its processes
+        send is dropped but for replies from its AMQP and stream ports (``tools/netfault isolate``), so Erlang
+        distribution and stream replication break both ways while its clients are served as before."""
+        node = self.node(name)
+        group = _tool("cgroup", name)
+        procs = Path(f"{_cgroup2_root()}/{group}/cgroup.procs")
+        assert procs.read_text().strip(), f"{name} runs outside its cgroup {group}: restart it with tools/rabbitmq"
+        try:
+            _netfault("isolate", group, str(node.port), str(node.stream_port))
+            yield
+        finally:
+            _netfault("clear")
 
     @contextmanager
     def drained(self, name: str) -> Iterator[None]:

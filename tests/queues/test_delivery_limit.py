@@ -9,6 +9,7 @@ that counts on every line), then runs the source.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,41 @@ def test_redeliveries_journalled_after_a_restart_follow_sparks_offsets(amqp_url:
         assert second.runtime.metrics.rescued == 15
     finally:
         second.close()
+
+
+def test_redeliveries_of_connections_lost_while_spark_is_busy_are_journalled_once(
+    amqp_url: str, names, embedded_or_none, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    # Regression (a CI run of the executors-lost test wrote 100 ids three times): while Spark ran one long batch,
+    # the source's connection went twice. Its inbox then held the counted redeliveries of a session that had ended
+    # too, whose copies were coming again on the next: each session's were journalled as a batch of their own.
+    q, journal = names.queue(), tmp_path / "journal"
+    _quorum(amqp_url, q, 20)
+    d = MicroBatchDriver(amqp_url, q, journalLocation=str(journal), maxMessagesPerTrigger=20, prefetch=20)
+    try:
+        session = d.runtime.ensure_started()
+        wait_for(lambda: len(session.inbox) >= 20)
+        for lost in (1, 2):  # no latestOffset in between: Spark is busy with the batch before
+            assert drop_source_connections(amqp_url, embedded_or_none, f"spark-amqp source {d.runtime.run_id}") == 1
+            wait_for(lambda: _after_losses(session.inbox, lost) >= 20, timeout=60)  # noqa: B023
+        rows = d.drain(40, timeout=3)  # as many batches as the source gives in 3 s: one copy of each, not two
+        assert sorted(r["message_id"] for r in rows) == sorted(f"id-{i}" for i in range(20))
+        assert d.runtime.metrics.rescued == 20
+    finally:
+        d.close()
+
+
+def _after_losses(inbox: Iterable[object], losses: int) -> int:
+    """Deliveries in ``inbox`` after its ``losses``-th ``SessionClosed``."""
+    from spark_amqp.queues.inbox import Delivery, SessionClosed
+
+    seen, count = 0, 0
+    for item in list(inbox):
+        if isinstance(item, SessionClosed):
+            seen, count = seen + 1, 0
+        elif isinstance(item, Delivery) and seen >= losses:
+            count += 1
+    return count if seen >= losses else 0
 
 
 def test_without_a_journal_the_query_fails_before_the_broker_drops_anything(

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pytest
 from spark_amqp_broker import EmbeddedBroker
 
+from spark_amqp.amqp10_client import Amqp10Client
 from spark_amqp.errors import AmqpOptionError, AmqpPublishError
 from spark_amqp.sink.amqp10_messages import Amqp10MessageBuilder, address_of
 from spark_amqp.sink.amqp10_publisher import Amqp10PartitionPublisher
@@ -145,6 +146,25 @@ def test_a_window_beyond_the_brokers_link_credit_spreads_over_links_and_keeps_th
         result = publish10(url, {"body": bodies}, routingKey=q, maxInFlight="1000")
         assert (result.published, result.confirmed) == (20_000, 20_000)
         assert [b for _, _, b in _consume(url, q, 20_000)] == bodies
+
+
+def test_runs_of_messages_across_the_delivery_id_wrap(url: str, queues: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The sink sends a run of messages in one write, numbering them from the session's next delivery id: a run that
+    # crosses 2**32 wraps to 0, and an outcome for an id after the wrap still names its message's queue.
+    opened = Amqp10Client.__init__
+
+    def near_the_wrap(self: Amqp10Client, *args: Any, **kwargs: Any) -> None:
+        opened(self, *args, **kwargs)
+        self._next_delivery = self.next_outgoing_id = (1 << 32) - 100
+
+    monkeypatch.setattr(Amqp10Client, "__init__", near_the_wrap)
+    q = queues()
+    bodies = [b"%d" % i for i in range(600)]
+    assert publish10(url, {"body": bodies}, routingKey=q).confirmed == 600
+    assert [b for _, _, b in _consume(url, q, 600)] == bodies
+    full = queues("classic", **{"x-max-length": 300, "x-overflow": "reject-publish"})
+    with pytest.raises(AmqpPublishError, match=rf"refused by the broker \(first: /queues/{full}: rejected"):
+        publish10(url, {"body": bodies}, routingKey=full)
 
 
 @pytest.mark.parametrize(("window", "reached"), [("1000", 500), ("400", 400)])

@@ -132,3 +132,37 @@ def test_reject_publish_queue_fails_the_write_naming_the_nacks(spark, amqp_url: 
     assert "confirmed so far" in str(info.value)
     # The 10 that fit are in the queue; retries were nacked too, nothing was silently dropped.
     assert len(drain(connect(amqp_url).channel(), q, limit=200)) == 10
+
+
+@pytest.mark.parametrize("scheme", ["amqp", "rabbitmq-stream"])
+def test_a_broker_that_never_answers_fails_the_query_after_broker_outage_timeout_not_once_per_task_attempt(
+    spark, tmp_path, scheme: str
+) -> None:  # type: ignore[no-untyped-def]
+    # Spark runs a failed task again (3 attempts in the tests' session, 4 on a cluster). Each attempt waiting the
+    # whole deadline made a sink that reaches no node fail the query after attempts x brokerOutageTimeout.
+    import json
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there: every connection is refused
+    rows = tmp_path / "rows"
+    rows.mkdir()
+    (rows / "0.json").write_text("".join(json.dumps({"body": f"b{i}"}) + "\n" for i in range(20)))
+    deadline = 8
+    df = spark.readStream.schema("body string").json(str(rows)).selectExpr("CAST(body AS BINARY) AS body")
+    writer = df.writeStream.format("amqp").option("uri", f"{scheme}://guest:guest@127.0.0.1:{port}/")
+    writer = writer.option("routingKey" if scheme == "amqp" else "stream", "nowhere").option("connectionTimeout", "2")
+    began = time.monotonic()
+    query = writer.option("brokerOutageTimeout", f"{deadline}s").option("checkpointLocation", str(tmp_path / "c")).start()
+    try:
+        assert wait_for(lambda: not query.isActive, timeout=180, interval=0.5)
+        took = time.monotonic() - began
+        error = str(query.exception())
+        assert f"brokerOutageTimeout={deadline}s" in error and "nothing was published" in error, error[:3000]
+        assert "this is Spark's retry of a task planned" in error, error[:3000]  # the last attempt did not wait again
+        assert took < 3 * deadline, took  # each of the 3 attempts waiting it would take 3 x 8 s at least
+        print(f"\nthe {scheme} sink's query failed {took:.1f}s after it started (brokerOutageTimeout={deadline}s, 3 task attempts)")
+    finally:
+        query.stop()

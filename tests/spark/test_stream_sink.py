@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,8 +26,9 @@ from spark_amqp.stream_protocol.rows import Conversion, RowMaker
 from tests.sink.stream_helpers import create, delete, records, run
 from tests.stream_protocol.conftest import STREAM_BROKERS
 
-# pinned: the kills cost a JVM start each, and nothing here differs between PySpark lines (CI time).
-pytestmark = [pytest.mark.spark, pytest.mark.pinned, pytest.mark.timeout(900)]
+# pinned: the kills cost a JVM start each, and nothing here differs between PySpark lines (CI time). faults: a
+# process killed is one of production's faults, and make test's faults lane ends earlier than its other Spark tests.
+pytestmark = [pytest.mark.spark, pytest.mark.pinned, pytest.mark.faults, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = Path(__file__).with_name("sink_kill_job.py")
@@ -74,7 +76,7 @@ def test_a_write_killed_between_publish_and_commit_holds_every_row_once(stream_u
         path = source / f"f{f}.txt"
         path.write_text("".join(f"f{f}-line{i:02d}\n" for i in range(LINES)))
         os.utime(path, (1_700_000_000 + f, 1_700_000_000 + f))  # the file source takes files oldest first: f0 is batch 0
-    stream = f"sink-{tmp_path.name[-20:]}"
+    stream = f"sink-killed-{deduplication}-{uuid.uuid4().hex[:8]}"  # one of its own: a killed run leaves its stream
     create(stream_url, stream)
     # Without deduplication one kill shows the replay (each kill is a JVM start: CI time).
     kills = KILLS if deduplication == "true" else 1
