@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 # The faults that hit the next so many of something, then stop.
-Countdown = Literal["nack_publishes", "replica_down", "leader_down"]
+Countdown = Literal["nack_publishes", "replica_down", "leader_down", "time_out_at_ack"]
 
 
 class Faults:
@@ -21,6 +21,9 @@ class Faults:
         self.replica_down = 0
         # The next so many stream-protocol declare_publisher get 0x06, as while RabbitMQ elects a stream's new leader.
         self.leader_down = 0
+        # The next so many basic.ack find their channel's quorum consumers just timed out (RabbitMQ 4.3's
+        # timer fired before the ack was read): the deliveries are back in the queue, the ack is ignored.
+        self.time_out_at_ack = 0
 
     def take(self, fault: Countdown) -> bool:
         """Whether this one is hit by ``fault``, one of those counting down (a count left, taken by one)."""

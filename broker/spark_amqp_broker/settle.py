@@ -7,12 +7,15 @@ RabbitMQ 4.x (3.10 closed the connection: 540 for nack and reject, 541 for recov
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from typing import TYPE_CHECKING, NamedTuple
 
 from pamqp import commands
 
 from spark_amqp import errors
+
+from . import timeouts
 
 if TYPE_CHECKING:
     from .connection import BrokerConnection
@@ -110,6 +113,8 @@ class SettleMethods:
             self.settle(entries, how)
 
     def _on_ack(self, method: B.Ack) -> None:
+        if self.connection.server.faults.take("time_out_at_ack"):
+            timeouts.expire(self, math.inf, 1)  # type: ignore[arg-type]
         self._settle_or_hold(self._take(method.delivery_tag, bool(method.multiple)), ACK)
 
     def _on_nack(self, method: B.Nack) -> None:

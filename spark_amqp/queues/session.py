@@ -35,6 +35,9 @@ class _Consumer:
         self.session = session
         self.queue = queue
         self.tag = ""
+        # Set when the broker's basic.cancel is read. RabbitMQ 4.3 ignores an ack of a delivery its consumer
+        # timeout already gave back, so a proof read after the cancel proves nothing.
+        self.cancelled = False
 
 
 class ConsumerSession(IoSession):
@@ -126,6 +129,7 @@ class ConsumerSession(IoSession):
             on_delivery(tag, redelivered, exchange, routing_key, props, body)
 
         def on_cancel(tag: str) -> None:
+            consumer.cancelled = True
             self._background(self._cancelled(consumer))
 
         channel.on_delivery = on_first_delivery
@@ -205,7 +209,7 @@ class ConsumerSession(IoSession):
 
     def _ack(self, session: str, multiple: int | None, singles: list[int], ack_round: int) -> None:
         consumer = self._consumers.get(session)
-        if consumer is None or not consumer.channel.is_open:
+        if consumer is None or consumer.cancelled or not consumer.channel.is_open:
             return
         if multiple is not None:
             consumer.channel.ack(multiple, True)
@@ -219,6 +223,8 @@ class ConsumerSession(IoSession):
             await consumer.channel.rpc(commands.Basic.Qos(prefetch_count=self.options.prefetch))
         except AmqpProtocolError:
             return  # the channel is gone: its deliveries come back, and the ledger knows the ack is unproven
+        if consumer.cancelled:
+            return  # the cancel came first: the broker may have given the acked deliveries back before the ack
         self.inbox.append(AckConfirmed(consumer.session, ack_round))
 
     async def _ready_counts(self) -> dict[str, int]:

@@ -162,7 +162,9 @@ def test_available_now_batches_are_full_while_the_broker_is_still_delivering(amq
         sizes = []
         while (planned := d.plan(wait=3)) is not None:
             sizes.append(len(d.run_batch(*planned)))
-        assert sizes == [1000, 1000, 500]
+        # Full while the broker delivers: [1000, 1000, 500]. A broker that pauses longer than FILL_QUIET on a loaded
+        # machine ends a batch early (a CI run on RabbitMQ 3.10: [1000, 619, 881]), never after a few messages.
+        assert sum(sizes) == 2500 and len(sizes) <= 4 and min(sizes[:-1]) >= 200, sizes
     finally:
         d.close()
 
@@ -237,6 +239,32 @@ def test_a_consumer_timeout_cancel_with_slow_batches_loses_and_duplicates_nothin
         assert len(rows) == 30 and _unique(rows)
         # The session's end is taken with the inbox, which idling reads: wait for it too.
         d.idle_until(lambda: counts(amqp_url, q, embedded_or_none) == (0, 0) and d.runtime.intake.sessions_lost >= 1, timeout=30)
+        assert len(d.rows) == 30
+    finally:
+        d.close()
+
+
+def test_an_ack_read_after_the_consumer_timed_out_is_not_taken_as_proven(embedded: EmbeddedBroker) -> None:
+    # RabbitMQ 4.3's consumer timeout can fire while a commit's ack is on the wire: the broker gives the
+    # deliveries back, sends basic.cancel, then ignores the ack, and the ack's proof still arrives. A
+    # proof taken after the cancel dropped the committed batch from the redelivery filter: its copies
+    # came back and were emitted again (a CI run wrote id0-id9 twice).
+    conn = pika.BlockingConnection(pika.URLParameters(embedded.url))
+    conn.channel().queue_declare("q", durable=True, arguments={"x-queue-type": "quorum"})
+    conn.close()
+    publish(embedded.url, "q", [b"m%d" % i for i in range(30)], declare=False, message_id=lambda i: f"id-{i}")
+    d = MicroBatchDriver(embedded.url, "q", maxMessagesPerTrigger=10, prefetch=30)
+    try:
+        start, end = d.plan(max_rows=10)
+        d.run_batch(start, end)
+        embedded.call(lambda s: setattr(s.faults, "time_out_at_ack", 1))
+        d.runtime.commit(end)
+        d.idle_until(lambda: d.runtime.intake.sessions_lost == 1)  # the next batches come from the new session
+        rows = d.drain(30, max_rows=10)
+        assert embedded.call(lambda s: s.faults.time_out_at_ack) == 0  # the ack did meet the timeout
+        assert len(rows) == 30 and _unique(rows)
+        d.idle_until(lambda: embedded.queue_stats("q") == {"ready": 0, "unacked": 0, "consumers": 1}, timeout=30)
+        assert d.runtime.intake.copies_dropped >= 10
         assert len(d.rows) == 30
     finally:
         d.close()
