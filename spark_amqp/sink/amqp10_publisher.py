@@ -31,8 +31,9 @@ from ..amqp10_client.links import serial_ids
 from ..amqp10_client.management import bind, declare_exchange, declare_queue
 from ..errors import AmqpProtocolError, AmqpPublishError, ConnectionLost, explain
 from .amqp10_messages import Amqp10Message, Amqp10MessageBuilder
+from .confirms import ConfirmWindow
 from .options import SinkOptions
-from .publisher import YIELD_EVERY, ConfirmWindow, PublishResult, patiently, retry_hint
+from .publisher import YIELD_EVERY, PublishResult, patiently, retry_hint
 
 log = logging.getLogger("spark_amqp.sink")
 
@@ -51,7 +52,7 @@ class Amqp10PartitionPublisher:
         """Publish the messages of every Arrow batch in ``batches``."""
         opts = self.options
         client, anonymous = await patiently(opts, lambda: self._ready(description), self.retried_since)
-        window = ConfirmWindow(opts.max_in_flight)
+        window: ConfirmWindow[Amqp10Message] = ConfirmWindow(opts.max_in_flight)
         anonymous.on_outcome = lambda first, last, code, values: self._outcome(window, first, last, code, values)
         failed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
         _watch(client.closed, failed)
@@ -105,7 +106,7 @@ class Amqp10PartitionPublisher:
             await client.close()
 
     async def _anonymous(
-        self, client: Amqp10Client, links: list[Sender], window: ConfirmWindow, failed: asyncio.Future[BaseException]
+        self, client: Amqp10Client, links: list[Sender], window: ConfirmWindow[Amqp10Message], failed: asyncio.Future[BaseException]
     ) -> Sender | None:
         """An anonymous link with credit, opening another while the broker's grant per link is below the window."""
         sender = next((link for link in links if link.credit > 0), None)
@@ -122,7 +123,7 @@ class Amqp10PartitionPublisher:
         return await _credit(links, self.options.confirm_timeout, failed)
 
     async def _sender(
-        self, client: Amqp10Client, window: ConfirmWindow, message: Amqp10Message, failed: asyncio.Future[BaseException]
+        self, client: Amqp10Client, window: ConfirmWindow[Amqp10Message], message: Amqp10Message, failed: asyncio.Future[BaseException]
     ) -> Sender:
         """A link to ``message``'s address, where the broker needs one per address to know what it is (Artemis: a
         queue, or a topic; an address it makes on an anonymous link's first message would be a topic, which drops
@@ -174,7 +175,7 @@ class Amqp10PartitionPublisher:
             if opts.exchange:
                 await bind(client, opts.exchange, opts.declare_queue, opts.binding_key)
 
-    def _outcome(self, window: ConfirmWindow, first: int, last: int, code: int, values: list[Any]) -> None:
+    def _outcome(self, window: ConfirmWindow[Amqp10Message], first: int, last: int, code: int, values: list[Any]) -> None:
         """Deliveries ``first`` to ``last`` of one link settled with one outcome."""
         addresses = [self._addresses.pop(delivery_id, "?") for delivery_id in serial_ids(first, last)]
         # Outcomes may come out of order: the window only counts them.
@@ -194,7 +195,7 @@ class Amqp10PartitionPublisher:
             self._rejections.extend(f"{address}: {_reason(code, values)}" for address in addresses)
             window.on_confirm(upto, True, False)
 
-    def _raise_if_broken(self, window: ConfirmWindow, message: Amqp10Message) -> None:
+    def _raise_if_broken(self, window: ConfirmWindow[Amqp10Message], message: Amqp10Message) -> None:
         if window.nacked or window.returned:
             parts = []
             if window.nacked:
@@ -209,19 +210,21 @@ class Amqp10PartitionPublisher:
                 "the task fails so that Spark retries it"
             )
 
-    def _raise_if_failed(self, failed: asyncio.Future[BaseException], window: ConfirmWindow, message: Amqp10Message | None) -> None:
+    def _raise_if_failed(
+        self, failed: asyncio.Future[BaseException], window: ConfirmWindow[Amqp10Message], message: Amqp10Message | None
+    ) -> None:
         if failed.done() and not failed.cancelled():
             reason = failed.result()
             raise self._ended(reason, window, message) from reason
 
-    def _ended(self, reason: BaseException, window: ConfirmWindow, message: Amqp10Message | None) -> AmqpPublishError:
+    def _ended(self, reason: BaseException, window: ConfirmWindow[Amqp10Message], message: Amqp10Message | None) -> AmqpPublishError:
         to = f"'{message.address}'" if message is not None else "the broker"
         return AmqpPublishError(
             f"{window.published - window.acked} of {window.published} messages published to {to} over AMQP 1.0 are not "
             f"accepted: the broker ended the link or the connection ({reason}); {retry_hint(reason)}"
         )
 
-    def _timeout(self, window: ConfirmWindow, message: Amqp10Message | None) -> AmqpPublishError:
+    def _timeout(self, window: ConfirmWindow[Amqp10Message], message: Amqp10Message | None) -> AmqpPublishError:
         to = f"'{message.address}'" if message is not None else "the broker"
         return AmqpPublishError(
             f"{window.outstanding} of {window.published} messages published to {to} over AMQP 1.0 got no outcome (or no "

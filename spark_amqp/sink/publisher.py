@@ -1,23 +1,25 @@
-"""Publishing one partition in confirm mode with a window of outstanding confirms.
+"""Publishing one partition in confirm mode with a window of outstanding confirms (``ConfirmWindow``).
 
-Confirms are processed as they arrive (the socket's reader calls back into
-``ConfirmWindow``); the publisher only waits when the window is full, and at
-the end until every message it sent is confirmed. Anything but a broker ack for
-every message — a nack, a basic.return, a closed channel or connection, or no
-progress for ``confirmTimeout`` — fails the partition with an
-``AmqpPublishError`` that says how many messages and why. Before the first message a transient
-failure (no node answers, a node restarting, a queue's leader being elected) is waited out with
-backoff for up to ``brokerOutageTimeout``: nothing has been published, so trying again is safe, and
-failing at once would spend Spark's few task attempts within a second of a failover.
+A nack, a basic.return, a permanent refusal or a blocked connection fails the partition with an
+``AmqpPublishError`` that says how many messages and why. A connection that lets the publisher
+down in a way another may not — it ended with a transient fault, or no confirm came for
+``confirmTimeout`` (a node cut off from its cluster keeps taking messages it cannot confirm) — is
+replaced: the publisher connects again, trying the node it left after the uri's others, and
+publishes the messages that connection did not confirm again (this sink is at least once; the
+task's retry would publish the whole partition again). Connecting, before the first message or
+after, is retried with backoff; an outage gives up after ``brokerOutageTimeout``, counted from when
+it began and, in Spark's retry of the task, from when its write began: failing at once would spend
+Spark's few task attempts within a second of a failover.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from pamqp import commands
 
@@ -25,8 +27,10 @@ from .. import framing
 from ..client import AmqpClient, ClientChannel
 from ..errors import AmqpProtocolError, AmqpPublishError, AmqpReplyError, explain, is_transient
 from ..transport.backoff import Backoff
+from ..transport.endpoints import Endpoint
 from ..transport.outage import Outage
 from .columns import Outgoing
+from .confirms import ConfirmWindow
 from .options import SinkOptions
 
 log = logging.getLogger("spark_amqp.sink")
@@ -41,87 +45,11 @@ class PublishResult:
     confirmed: int
 
 
-class ConfirmWindow:
-    """Counts published, acked and failed messages by publish sequence number."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.published = 0
-        self.confirmed_up_to = 0  # every seq <= this has an answer
-        self.acked = 0
-        self.nacked = 0
-        self.returned: list[tuple[int, str, str, str]] = []
-        self._answered: set[int] = set()  # answered out of order (single confirms past a gap)
-        self._room = asyncio.Event()
-        self._room.set()
-
-    @property
-    def answered(self) -> int:
-        """Messages the broker has acked or nacked so far."""
-        return self.confirmed_up_to + len(self._answered)
-
-    @property
-    def outstanding(self) -> int:
-        return self.published - self.answered
-
-    def sent(self, count: int = 1) -> None:
-        self.published += count
-        if self.outstanding >= self.limit:
-            self._room.clear()
-
-    def on_confirm(self, tag: int, multiple: bool, ack: bool) -> None:
-        if multiple:
-            count = tag - self.confirmed_up_to - sum(1 for t in self._answered if t <= tag)
-            self._answered = {t for t in self._answered if t > tag}
-            self.confirmed_up_to = max(self.confirmed_up_to, tag)
-        else:
-            count = 1
-            self._answered.add(tag)
-            while self.confirmed_up_to + 1 in self._answered:
-                self.confirmed_up_to += 1
-                self._answered.discard(self.confirmed_up_to)
-        if ack:
-            self.acked += count
-        else:
-            self.nacked += count
-        if self.outstanding < self.limit:
-            self._room.set()
-
-    def on_return(self, code: int, text: str, exchange: str, routing_key: str) -> None:
-        self.returned.append((code, text, exchange, routing_key))
-
-    async def wait_for_room(self, timeout: float, failed: asyncio.Future[BaseException]) -> bool:
-        """True when there is room; False when ``timeout`` passed without any confirm."""
-        while not self._room.is_set():
-            before = self.answered
-            waiter: asyncio.Future[Any] = asyncio.ensure_future(self._room.wait())
-            done, _ = await asyncio.wait([waiter, failed], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-            waiter.cancel()
-            if failed in done:
-                return True  # the caller sees the failure
-            if not done and self.answered == before:
-                return False
-        return True
-
-    async def wait_until_all_answered(self, timeout: float, failed: asyncio.Future[BaseException]) -> bool:
-        """True when every message is answered (or ``failed`` fired); False after ``timeout`` without progress."""
-        loop = asyncio.get_running_loop()
-        before = self.answered
-        deadline = loop.time() + timeout
-        while self.outstanding and not failed.done():
-            await asyncio.sleep(0.005)
-            if self.answered != before:
-                before = self.answered
-                deadline = loop.time() + timeout
-            elif loop.time() > deadline:
-                return False
-        return True
-
-
 class PartitionPublisher:
     def __init__(self, options: SinkOptions, retried_since: float | None = None) -> None:
         self.retried_since = retried_since  # in Spark's retry of the task: when its write began (Outage)
         self.options = options
+        self.taken = 0  # messages taken from the partition so far
 
     async def publish(
         self,
@@ -129,48 +57,89 @@ class PartitionPublisher:
         description: str,
         on_connect: Callable[[AmqpClient], Awaitable[None]] | None = None,
     ) -> PublishResult:
-        """Publish every message; ``on_connect`` learns of the connection (and may ask the broker) before the
-        first batch is built."""
+        """Publish every message; ``on_connect`` learns of each connection (and may ask the broker) before a
+        message is built for it."""
         opts = self.options
-        client, channel = await self._ready(description, on_connect)
-        window = ConfirmWindow(opts.max_in_flight)
-        failed: asyncio.Future[BaseException] | None = None
+        outage = Outage(opts.connection.outage_timeout, opts.connection.display_uri, self.retried_since)
+        backoff = Backoff()
+        source = self._taken_from(batches)
+        last: Endpoint | None = None
+        while True:
+            client, channel = await self._ready(description, on_connect, outage, last)
+            window: ConfirmWindow[Outgoing] = ConfirmWindow(opts.max_in_flight, keep=True)
+            try:
+                await self._send(client, channel, window, source)
+                return PublishResult(self.taken, self.taken)
+            except _LetDown as down:
+                if window.acked:  # this connection had got past any earlier outage
+                    outage.recovered()
+                    backoff.reset()
+                again = window.unanswered()
+                source = itertools.chain(again, [down.unsent] if down.unsent is not None else [], source)
+                outage.failed(down.error, unreachable=False)
+                delay = backoff.next()
+                if not outage.allows(delay):
+                    raise AmqpPublishError(f"{down.error} ({outage.waited()}); the task fails so that Spark retries it") from down.__cause__
+                log.warning(
+                    "AMQP sink: %s; connecting again in %.1fs, to another node of the uri if it names one, to publish those "
+                    "%d again (%.0fs of brokerOutageTimeout=%gs)",
+                    down.error,
+                    delay,
+                    len(again),
+                    outage.seconds(),
+                    outage.timeout,
+                )
+                last = client.endpoint
+            finally:
+                await client.close()
+            await asyncio.sleep(delay)
+
+    def _taken_from(self, batches: Iterable[Iterable[Outgoing]]) -> Iterator[Outgoing]:
+        for messages in batches:
+            for message in messages:
+                self.taken += 1
+                yield message
+
+    async def _send(self, client: AmqpClient, channel: ClientChannel, window: ConfirmWindow[Outgoing], source: Iterator[Outgoing]) -> None:
+        """Publish what ``source`` gives and wait for every confirm; ``_LetDown`` when the connection ended or
+        stopped confirming (another may not), ``AmqpPublishError`` for anything else."""
+        opts = self.options
+        channel.on_confirm = window.on_confirm
+        channel.on_return = window.on_return
+        failed = asyncio.ensure_future(_first_failure(client, channel))
         try:
-            channel.on_confirm = window.on_confirm
-            channel.on_return = window.on_return
-            failed = asyncio.ensure_future(_first_failure(client, channel))
-            last: Outgoing | None = None
-            for messages in batches:
-                for message in messages:
-                    if client.blocked is not None:
-                        await self._wait_while_blocked(client, window, message)
-                    if not await window.wait_for_room(opts.confirm_timeout, failed):
-                        raise self._timeout(window, message, client.blocked)
-                    self._raise_if_failed(failed, window, message)
-                    channel.publish(message.exchange, message.routing_key, opts.mandatory, message.header, message.body)
-                    window.sent()
-                    last = message
-                    if window.published % YIELD_EVERY == 0:
-                        await asyncio.sleep(0)
-                    self._raise_if_broken(window, message)
+            message: Outgoing | None = None
+            for message in source:
+                if client.blocked is not None:
+                    await self._wait_while_blocked(client, window, message)
+                if not await window.wait_for_room(opts.confirm_timeout, failed):
+                    raise self._timeout(window, message, client.blocked, unsent=message)
+                self._raise_if_failed(failed, window, message, unsent=message)
+                channel.publish(message.exchange, message.routing_key, opts.mandatory, message.header, message.body)
+                window.sent(1, message)
+                if window.published % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
+                self._raise_if_broken(window, message)
             if window.outstanding and not await window.wait_until_all_answered(opts.confirm_timeout, failed):
-                raise self._timeout(window, last, client.blocked)
-            self._raise_if_failed(failed, window, last)
-            if last is not None:
-                self._raise_if_broken(window, last)
-            return PublishResult(window.published, window.acked)
+                raise self._timeout(window, message, client.blocked)
+            self._raise_if_failed(failed, window, message)
+            if message is not None:
+                self._raise_if_broken(window, message)
         finally:
-            if failed is not None:
-                failed.cancel()
-            await client.close()
+            failed.cancel()
 
     async def _ready(
-        self, description: str, on_connect: Callable[[AmqpClient], Awaitable[None]] | None
+        self,
+        description: str,
+        on_connect: Callable[[AmqpClient], Awaitable[None]] | None,
+        outage: Outage,
+        last: Endpoint | None,
     ) -> tuple[AmqpClient, ClientChannel]:
-        """A connection and a confirm channel, a transient failure waited out up to brokerOutageTimeout."""
+        """A connection (``last`` tried after the uri's other nodes) and a confirm channel, a transient failure waited
+        out up to brokerOutageTimeout."""
 
         async def attempt() -> tuple[AmqpClient, ClientChannel]:
-            client = await _connect(self.options, description)
+            client = await _connect(self.options, description, last)
             try:
                 if on_connect is not None:
                     await on_connect(client)
@@ -179,7 +148,7 @@ class PartitionPublisher:
                 await client.close()
                 raise
 
-        return await patiently(self.options, attempt, self.retried_since)
+        return await patiently(self.options, attempt, self.retried_since, outage, self.taken)
 
     async def _open_channel(self, client: AmqpClient) -> ClientChannel:
         """A channel in confirm mode, after any declarations asked for; a refusal names what was refused."""
@@ -211,21 +180,30 @@ class PartitionPublisher:
                     framing.build(commands.Queue.Bind, queue=opts.declare_queue, exchange=opts.exchange, routing_key=opts.binding_key)
                 )
 
-    def _raise_if_broken(self, window: ConfirmWindow, message: Outgoing) -> None:
+    def _raise_if_broken(self, window: ConfirmWindow[Outgoing], message: Outgoing) -> None:
         if window.nacked or window.returned:
             raise self._rejected(window, message)
 
-    def _raise_if_failed(self, failed: asyncio.Future[BaseException], window: ConfirmWindow, message: Outgoing | None) -> None:
+    def _raise_if_failed(
+        self,
+        failed: asyncio.Future[BaseException],
+        window: ConfirmWindow[Outgoing],
+        message: Outgoing | None,
+        unsent: Outgoing | None = None,
+    ) -> None:
         if failed.done() and not failed.cancelled():
             reason = failed.result()
             unconfirmed = window.published - window.acked
             scope = "channel" if isinstance(reason, AmqpReplyError) and not reason.closes_connection else "connection"
-            raise AmqpPublishError(
+            what = (
                 f"{unconfirmed} of {window.published} messages published to {_target(self.options, message)} are not confirmed: "
-                f"the broker closed the {scope} ({reason}); {retry_hint(reason)}"
-            ) from reason
+                f"the broker closed the {scope} ({reason})"
+            )
+            if is_transient(reason):
+                raise _LetDown(AmqpPublishError(what), unsent) from reason
+            raise AmqpPublishError(f"{what}; {retry_hint(reason)}") from reason
 
-    def _rejected(self, window: ConfirmWindow, message: Outgoing) -> AmqpPublishError:
+    def _rejected(self, window: ConfirmWindow[Outgoing], message: Outgoing) -> AmqpPublishError:
         parts = []
         if window.nacked:
             parts.append(f"{window.nacked} nacked by the broker (a full queue with x-overflow=reject-publish, or a broker failure)")
@@ -239,7 +217,7 @@ class PartitionPublisher:
             f"({window.acked} confirmed so far); the task fails so that Spark retries it"
         )
 
-    async def _wait_while_blocked(self, client: AmqpClient, window: ConfirmWindow, message: Outgoing) -> None:
+    async def _wait_while_blocked(self, client: AmqpClient, window: ConfirmWindow[Outgoing], message: Outgoing) -> None:
         """connection.blocked: RabbitMQ stops reading from a publisher under a memory or disk alarm. Publish
         nothing more until it unblocks, for up to confirmTimeout, then fail saying why."""
         reason = client.blocked
@@ -254,7 +232,9 @@ class PartitionPublisher:
             raise self._timeout(window, message, reason) from None
         log.warning("AMQP sink: the broker unblocked publishing")
 
-    def _timeout(self, window: ConfirmWindow, message: Outgoing | None, blocked: str | None = None) -> AmqpPublishError:
+    def _timeout(
+        self, window: ConfirmWindow[Outgoing], message: Outgoing | None, blocked: str | None = None, unsent: Outgoing | None = None
+    ) -> Exception:
         if blocked is not None:
             return AmqpPublishError(
                 f"the broker blocked publishing (memory or disk alarm: {blocked}) for longer than confirmTimeout="
@@ -262,26 +242,46 @@ class PartitionPublisher:
                 f"{_target(self.options, message)} are not confirmed and nothing more was sent. The task fails so that Spark "
                 "retries it; free memory or disk on the broker (rabbitmq-diagnostics alarms shows which)"
             )
-        return AmqpPublishError(
-            f"{window.outstanding} of {window.published} messages published to {_target(self.options, message)} "
-            f"got no confirm within confirmTimeout={self.options.confirm_timeout:g}s; the task fails so that Spark retries it"
+        return _LetDown(
+            AmqpPublishError(
+                f"{window.outstanding} of {window.published} messages published to {_target(self.options, message)} "
+                f"got no confirm within confirmTimeout={self.options.confirm_timeout:g}s"
+            ),
+            unsent,
         )
 
 
-async def _connect(opts: SinkOptions, description: str) -> AmqpClient:
+class _LetDown(Exception):
+    """The connection ended, or stopped confirming: another may not. ``unsent``: a message taken but not published."""
+
+    def __init__(self, error: AmqpPublishError, unsent: Outgoing | None) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.unsent = unsent
+
+
+async def _connect(opts: SinkOptions, description: str, last: Endpoint | None = None) -> AmqpClient:
     try:
-        return await AmqpClient.connect(opts.connection, f"spark-amqp sink {description}")
+        return await AmqpClient.connect(opts.connection, f"spark-amqp sink {description}", last)
     except AmqpProtocolError as err:
         c = opts.connection
         raise AmqpPublishError(f"{explain(err, c.display_uri, c.username, c.vhost)}; {retry_hint(err)}") from err
 
 
-async def patiently(opts: SinkOptions, attempt: Callable[[], Awaitable[T]], retried_since: float | None = None) -> T:
+async def patiently(
+    opts: SinkOptions,
+    attempt: Callable[[], Awaitable[T]],
+    retried_since: float | None = None,
+    outage: Outage | None = None,
+    taken: int = 0,
+) -> T:
     """``attempt`` again while it fails with an ``AmqpPublishError`` caused by a transient fault, for up to
-    brokerOutageTimeout (counted, in Spark's retry of the task, from ``retried_since``: ``Outage``): nothing is
-    published before it succeeds, so trying again is safe."""
+    brokerOutageTimeout (counted, in Spark's retry of the task, from ``retried_since``: ``Outage``). Before the
+    first message nothing is published, so trying again is safe; after (``taken`` messages, ``outage`` begun
+    when the last connection let the publisher down), what was not confirmed is published again once connected."""
     backoff = Backoff()
-    outage = Outage(opts.connection.outage_timeout, opts.connection.display_uri, retried_since)
+    if outage is None:
+        outage = Outage(opts.connection.outage_timeout, opts.connection.display_uri, retried_since)
     while True:
         try:
             return await attempt()
@@ -292,12 +292,14 @@ async def patiently(opts: SinkOptions, attempt: Callable[[], Awaitable[T]], retr
             outage.failed(cause)
             delay = backoff.next()
             if not outage.allows(delay):
-                raise AmqpPublishError(f"{err} ({outage.waited()}); nothing was published") from cause
+                done = "nothing was published" if not taken else "the task fails so that Spark retries it"
+                raise AmqpPublishError(f"{err} ({outage.waited()}); {done}") from cause
             log.warning(
-                "AMQP sink: %s; trying again in %.1fs (attempt %d, nothing published yet; %.0fs of brokerOutageTimeout=%gs)",
+                "AMQP sink: %s; trying again in %.1fs (attempt %d, %s; %.0fs of brokerOutageTimeout=%gs)",
                 err,
                 delay,
                 backoff.failures,
+                "nothing published yet" if not taken else f"{taken} messages taken, the unconfirmed ones to publish again",
                 outage.seconds(),
                 outage.timeout,
             )

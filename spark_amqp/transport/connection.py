@@ -21,6 +21,7 @@ from typing import Any, Self
 
 from ..errors import AmqpProtocolError, CallbackFailed, ConnectionLost
 from .dial import open_within_timeout
+from .endpoints import Endpoint
 from .login import Login
 from .options import ConnectionOptions
 from .renewal import Renewal
@@ -49,6 +50,7 @@ class Connection(asyncio.Protocol):
         self.client_name = client_name
         self.login = login or Login(options)
         self.peer = "the broker"  # host:port once connected
+        self.endpoint: Endpoint | None = None  # the uri's endpoint it was opened to
         self.transport: asyncio.Transport | None = None
         self.closed: asyncio.Future[AmqpProtocolError] = loop.create_future()
         self.server_version: tuple[int, int] | None = None  # the broker's (major, minor), when it says
@@ -62,12 +64,12 @@ class Connection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
 
     @classmethod
-    async def connect(cls, options: ConnectionOptions, client_name: str) -> Self:
-        """Connect, log in and open on the first endpoint that lets us (``connectionTimeout`` each); nothing is
-        left open on failure."""
+    async def connect(cls, options: ConnectionOptions, client_name: str, last: Endpoint | None = None) -> Self:
+        """Connect, log in and open on the first endpoint that lets us (``connectionTimeout`` each; ``last`` after
+        the others); nothing is left open on failure."""
         loop = asyncio.get_running_loop()
         login = await Login.prepare(options)  # a token is fetched once for the whole walk over the endpoints
-        return await open_within_timeout(options, lambda: cls(loop, options, client_name, login), lambda c: c._open())
+        return await open_within_timeout(options, lambda: cls(loop, options, client_name, login), lambda c: c._open(), last)
 
     async def _open(self) -> None:
         """The handshake, once the socket is up; by default, waiting until the protocol's frames complete it."""

@@ -30,6 +30,8 @@ __all__ = ["Failure", "open_within_timeout", "tls_context", "walk"]
 
 
 class _Abortable(Protocol):
+    endpoint: Endpoint | None
+
     def abort(self, reason: AmqpProtocolError) -> None: ...
 
 
@@ -46,8 +48,11 @@ class Failure:
     error: AmqpProtocolError  # what a uri of one address raises as it is
 
 
-async def open_within_timeout(options: ConnectionOptions, make: Callable[[], P], opened: Callable[[P], Awaitable[None]]) -> P:
-    """A connection made by ``make`` and ready once ``opened`` returns, to the first endpoint that gives one.
+async def open_within_timeout(
+    options: ConnectionOptions, make: Callable[[], P], opened: Callable[[P], Awaitable[None]], last: Endpoint | None = None
+) -> P:
+    """A connection made by ``make`` and ready once ``opened`` returns, to the first endpoint that gives one (its
+    ``endpoint`` says which; ``last`` is tried after the others).
 
     Every way it can fail is one ``AmqpProtocolError``, and a half-open (perhaps logged-in)
     connection never outlives its attempt."""
@@ -58,22 +63,31 @@ async def open_within_timeout(options: ConnectionOptions, make: Callable[[], P],
         return await _resolve(endpoint, timeout)
 
     async def attempt(endpoint: Endpoint, address: str, where: str) -> P | Failure:
-        return await _open_one(endpoint, address, where, timeout, ctx, options, make, opened)
+        outcome = await _open_one(endpoint, address, where, timeout, ctx, options, make, opened)
+        if not isinstance(outcome, Failure):
+            outcome.endpoint = endpoint
+        return outcome
 
-    return await walk(options.endpoints, resolve, attempt)
+    return await walk(options.endpoints, resolve, attempt, last)
 
 
 async def walk(
     endpoints: Sequence[Endpoint],
     resolve: Callable[[Endpoint], Awaitable[list[tuple[str, str]] | Failure]],
     attempt: Callable[[Endpoint, str, str], Awaitable[C | Failure]],
+    last: Endpoint | None = None,
 ) -> C:
     """One round: each endpoint's addresses (``resolve``: (address, where) pairs) tried with ``attempt``
-    until one gives a connection. A permanent failure is raised at once; when all failed, a uri of one
-    address raises that address's error as it is, a longer one ``AllEndpointsFailed``."""
+    until one gives a connection, ``last`` (one that let its client down) after the others. A permanent
+    failure is raised at once; when all failed, a uri of one address raises that address's error as it
+    is, a longer one ``AllEndpointsFailed``."""
     order = endpoint_order.ORDER  # looked up now: a test may put an order of its own in place
     failures: list[Failure] = []
-    for endpoint in order.round(endpoints):
+    walk_order = order.round(endpoints)
+    if last in walk_order:
+        walk_order.remove(last)
+        walk_order.append(last)
+    for endpoint in walk_order:
         addresses = await resolve(endpoint)
         if isinstance(addresses, Failure):
             failures.append(addresses)

@@ -140,11 +140,17 @@ def test_injected_nacks(embedded: EmbeddedBroker) -> None:
 
 
 def test_confirm_timeout(embedded: EmbeddedBroker) -> None:
+    # No confirm for confirmTimeout: connected again (the only node) and the 5 published again, until
+    # brokerOutageTimeout has passed since the first timeout.
     _declare(embedded.url, "q")
     embedded.hold_confirms()
     try:
-        with pytest.raises(AmqpPublishError, match=r"5 of 5 messages .* got no confirm within confirmTimeout=0.5s"):
-            publish_table(embedded.url, {"body": [b"x"] * 5}, routingKey="q", confirmTimeout="0.5")
+        with pytest.raises(
+            AmqpPublishError,
+            match=r"5 of 5 messages .* got no confirm within confirmTimeout=0.5s \(still, after [2-9] attempt\(s\) over [0-9]+s: "
+            r"brokerOutageTimeout=2s\); the task fails so that Spark retries it",
+        ):
+            publish_table(embedded.url, {"body": [b"x"] * 5}, routingKey="q", confirmTimeout="0.5", brokerOutageTimeout="2s")
     finally:
         embedded.release_confirms()
 
@@ -169,13 +175,51 @@ def test_publishing_goes_on_once_the_broker_unblocks(embedded: EmbeddedBroker) -
     assert result.confirmed == 50 and embedded.queue_stats("q")["ready"] == 50
 
 
-def test_connection_dropped_mid_publish_fails(embedded: EmbeddedBroker) -> None:
+def test_a_connection_dropped_mid_publish_is_replaced_and_its_unconfirmed_messages_published_again(embedded: EmbeddedBroker) -> None:
     _declare(embedded.url, "q")
     embedded.hold_confirms()
-    threading.Timer(0.3, lambda: embedded.drop_connections(name_contains="spark-amqp sink")).start()
-    with pytest.raises(AmqpPublishError, match=r"not confirmed: the broker closed the connection"):
-        publish_table(embedded.url, {"body": [b"x"] * 50}, routingKey="q", maxInFlight="10")
-    embedded.release_confirms()
+    dropped = threading.Event()
+
+    def drop() -> None:
+        assert embedded.drop_connections(name_contains="spark-amqp sink") == 1
+        embedded.release_confirms()
+        dropped.set()
+
+    threading.Timer(0.3, drop).start()
+    bodies = [b"m%d" % i for i in range(50)]
+    result = publish_table(embedded.url, {"body": bodies}, routingKey="q", maxInFlight="10")
+    assert dropped.is_set() and (result.published, result.confirmed) == (50, 50)
+    conn = connect(embedded.url)
+    got = [body for _, _, body in drain(conn.channel(), "q")]
+    conn.close()
+    # Every message, and again at most the 10 the dropped connection had not confirmed.
+    assert set(got) == set(bodies) and 50 < len(got) <= 60, got
+
+
+def test_a_node_that_stops_confirming_is_left_for_another_of_the_uri(embedded: EmbeddedBroker, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # A node cut off from its cluster keeps taking messages it cannot confirm: after confirmTimeout the
+    # publisher connects again, to the uri's other node first, and publishes there what was not confirmed.
+    from spark_amqp.transport import endpoints
+
+    class AsWritten(endpoints.EndpointOrder):
+        def round(self, items):  # type: ignore[no-untyped-def,override]
+            return list(items)
+
+    monkeypatch.setattr(endpoints, "ORDER", AsWritten())
+    with EmbeddedBroker() as other:
+        for url in (embedded.url, other.url):
+            _declare(url, "q")
+        embedded.hold_confirms()
+        port, other_port = (int(u.rsplit(":", 1)[1].split("/")[0]) for u in (embedded.url, other.url))
+        both = embedded.url.replace(f":{port}/", f":{port},127.0.0.1:{other_port}/")
+        bodies = [b"m%d" % i for i in range(40)]
+        result = publish_table(both, {"body": bodies}, routingKey="q", maxInFlight="10", confirmTimeout="0.5", brokerOutageTimeout="10s")
+        embedded.release_confirms()
+        assert (result.published, result.confirmed) == (40, 40)
+        conn = connect(other.url)
+        assert [body for _, _, body in drain(conn.channel(), "q")] == bodies  # all 10 unconfirmed, then the rest
+        conn.close()
+        assert embedded.queue_stats("q")["ready"] == 10  # what the node took but never confirmed: at least once
 
 
 def test_window_limits_outstanding_confirms(embedded: EmbeddedBroker) -> None:
