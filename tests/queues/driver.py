@@ -52,7 +52,7 @@ class MicroBatchDriver:
                 self.run_batch(*planned)
         return self.rows
 
-    def idle_until(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    def idle_until(self, predicate: Callable[[], bool], timeout: float = 30.0) -> None:
         """Keep calling latestOffset as Spark does while idle (no new batch) until ``predicate`` holds."""
         deadline = time.monotonic() + timeout
         while not predicate():

@@ -213,7 +213,7 @@ def test_copies_that_never_come_back_expire_after_the_retention(embedded, tmp_pa
     second = _driver(embedded.url, "q", journal, journalRetention=1)
     try:
         second.start = end
-        second.idle_until(lambda: not _journal_files(journal), timeout=5)
+        second.idle_until(lambda: not _journal_files(journal), timeout=30)
     finally:
         second.close()
 
