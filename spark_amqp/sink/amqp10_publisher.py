@@ -13,27 +13,31 @@ more of the cores the broker shares than the broker's own work on the 0-9-1 path
 The broker's outcome settles each: ``accepted`` (RabbitMQ: every target queue has it), ``rejected``
 (its error names the queue and the reason), ``released`` (RabbitMQ: no queue was bound, so unroutable),
 ``modified``. The task fails on anything but ``accepted`` for every message (a released message only with
-``mandatory``, the default: without it an unroutable message is dropped, as over AMQP 0-9-1), on a link or
-connection that ends, or when nothing is settled for ``confirmTimeout``. As over AMQP 0-9-1, a transient failure
-before the first message is waited out up to ``brokerOutageTimeout``.
+``mandatory``, the default: without it an unroutable message is dropped, as over AMQP 0-9-1), and on a link or
+connection that ends with a permanent error. As over AMQP 0-9-1, a connection that ends with a transient one, or
+settles nothing for ``confirmTimeout``, is replaced (the node it reached tried last) and its unsettled messages are
+published again, for up to ``brokerOutageTimeout`` (``Reconnects``); a transient failure before the first message is
+waited out as long.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ..amqp10.performatives import Performative
 from ..amqp10_client import Amqp10Client, Sender
 from ..amqp10_client.links import serial_ids
 from ..amqp10_client.management import bind, declare_exchange, declare_queue
-from ..errors import AmqpProtocolError, AmqpPublishError, ConnectionLost, explain
+from ..errors import AmqpProtocolError, AmqpPublishError, ConnectionLost, explain, is_transient
+from ..transport.endpoints import Endpoint
 from .amqp10_messages import Amqp10Message, Amqp10MessageBuilder
 from .confirms import ConfirmWindow
 from .options import SinkOptions
-from .publisher import YIELD_EVERY, PublishResult, patiently, retry_hint
+from .publisher import YIELD_EVERY, LetDown, PublishResult, Reconnects, patiently, retry_hint
 
 log = logging.getLogger("spark_amqp.sink")
 
@@ -43,16 +47,49 @@ class Amqp10PartitionPublisher:
         self.options = options
         self.retried_since = retried_since  # in Spark's retry of the task: when its write began (Outage)
         self.builder = builder
-        self._addresses: dict[int, str] = {}  # unsettled delivery id -> its address (for the error)
+        self._unsettled: dict[int, Amqp10Message] = {}  # delivery id -> message, on the current connection
+        self.taken = 0  # messages taken from the partition so far
         self._rejections: list[str] = []
         self._released: list[str] = []
         self._dropped = 0
 
     async def publish(self, batches: Iterable[Any], description: str) -> PublishResult:
-        """Publish the messages of every Arrow batch in ``batches``."""
+        """Publish the messages of every Arrow batch in ``batches``; a connection that lets the task down (``LetDown``)
+        is replaced, and what it had not settled is published again on the next."""
         opts = self.options
-        client, anonymous = await patiently(opts, lambda: self._ready(description), self.retried_since)
-        window: ConfirmWindow[Amqp10Message] = ConfirmWindow(opts.max_in_flight)
+        reconnects = Reconnects(opts, self.retried_since)
+        lists: Iterator[list[Amqp10Message]] = self._taken_from(batches)
+        left: Endpoint | None = None
+        while True:
+
+            async def ready(last: Endpoint | None = left) -> tuple[Amqp10Client, Sender]:
+                return await self._ready(description, last)
+
+            client, anonymous = await patiently(opts, ready, self.retried_since, reconnects.outage, self.taken)
+            window: ConfirmWindow[Amqp10Message] = ConfirmWindow(opts.max_in_flight)
+            self._unsettled = {}
+            try:
+                await self._send(client, anonymous, window, lists)
+                return PublishResult(self.taken, self.taken)
+            except LetDown as down:
+                again = list(self._unsettled.values())  # in the order they were sent
+                lists = itertools.chain([again + (down.unsent or [])], lists)
+                delay = reconnects.after(down, bool(window.acked), len(again))
+                left = client.endpoint
+            finally:
+                await client.close()
+            await asyncio.sleep(delay)
+
+    def _taken_from(self, batches: Iterable[Any]) -> Iterator[list[Amqp10Message]]:
+        for batch in batches:
+            messages = self.builder.amqp10_messages(batch)
+            self.taken += len(messages)
+            yield messages
+
+    async def _send(
+        self, client: Amqp10Client, anonymous: Sender, window: ConfirmWindow[Amqp10Message], lists: Iterator[list[Amqp10Message]]
+    ) -> None:
+        opts = self.options
         anonymous.on_outcome = lambda first, last, code, values: self._outcome(window, first, last, code, values)
         failed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
         _watch(client.closed, failed)
@@ -63,35 +100,38 @@ class Amqp10PartitionPublisher:
         rabbitmq = client.rabbitmq
         last: Amqp10Message | None = None
         try:
-            for batch in batches:
-                messages = self.builder.amqp10_messages(batch)
+            for messages in lists:
                 i, n = 0, len(messages)
-                while i < n:  # in runs: as many as the window and a link's credit take, in one write
-                    message = messages[i]
-                    if window.outstanding >= window.limit and not await window.wait_for_room(opts.confirm_timeout, failed):
-                        raise self._timeout(window, message)
-                    if rabbitmq:
-                        if sender is None or sender.credit <= 0:
-                            sender = await self._anonymous(client, anonymous_links, window, failed)
-                    else:
-                        sender = senders.get(message.address)
+                try:
+                    while i < n:  # in runs: as many as the window and a link's credit take, in one write
+                        message = messages[i]
+                        if window.outstanding >= window.limit and not await window.wait_for_room(opts.confirm_timeout, failed):
+                            raise self._timeout(window, message)
+                        if rabbitmq:
+                            if sender is None or sender.credit <= 0:
+                                sender = await self._anonymous(client, anonymous_links, window, failed)
+                        else:
+                            sender = senders.get(message.address)
+                            if sender is None:
+                                sender = senders[message.address] = await self._sender(client, window, message, failed)
+                            sender = await _credit([sender], opts.confirm_timeout, failed)
                         if sender is None:
-                            sender = senders[message.address] = await self._sender(client, window, message, failed)
-                        sender = await _credit([sender], opts.confirm_timeout, failed)
-                    if sender is None:
-                        raise self._timeout(window, message)
-                    self._raise_if_failed(failed, window, message)
-                    end = i + min(n - i, window.limit - window.outstanding, sender.credit, YIELD_EVERY)
-                    if not rabbitmq:  # a link per address: the run ends where the address changes
-                        end = next((j for j in range(i + 1, end) if messages[j].address != message.address), end)
-                    run = messages[i:end]
-                    first = sender.send_run([m.record for m in run])
-                    ids = serial_ids(first, (first + len(run) - 1) & 0xFFFFFFFF)
-                    self._addresses.update(zip(ids, [m.address for m in run], strict=True))
-                    window.sent(len(run))
-                    last, i = run[-1], end
-                    await asyncio.sleep(0)  # the reader takes outcomes and credit between runs
-                    self._raise_if_broken(window, last)
+                            raise self._timeout(window, message)
+                        self._raise_if_failed(failed, window, message)
+                        end = i + min(n - i, window.limit - window.outstanding, sender.credit, YIELD_EVERY)
+                        if not rabbitmq:  # a link per address: the run ends where the address changes
+                            end = next((j for j in range(i + 1, end) if messages[j].address != message.address), end)
+                        run = messages[i:end]
+                        first = sender.send_run([m.record for m in run])
+                        ids = serial_ids(first, (first + len(run) - 1) & 0xFFFFFFFF)
+                        self._unsettled.update(zip(ids, run, strict=True))
+                        window.sent(len(run))
+                        last, i = run[-1], end
+                        await asyncio.sleep(0)  # the reader takes outcomes and credit between runs
+                        self._raise_if_broken(window, last)
+                except LetDown as down:
+                    down.unsent = messages[i:]
+                    raise
             if window.outstanding and not await window.wait_until_all_answered(opts.confirm_timeout, failed):
                 raise self._timeout(window, last)
             self._raise_if_failed(failed, window, last)
@@ -100,10 +140,8 @@ class Amqp10PartitionPublisher:
             if self._dropped:
                 log.warning("AMQP sink: %d unroutable messages dropped (mandatory=false)", self._dropped)
             log.debug("AMQP sink: %d messages over %d links", window.published, len(anonymous_links) if rabbitmq else len(senders))
-            return PublishResult(window.published, window.acked)
         finally:
             failed.cancel()
-            await client.close()
 
     async def _anonymous(
         self, client: Amqp10Client, links: list[Sender], window: ConfirmWindow[Amqp10Message], failed: asyncio.Future[BaseException]
@@ -142,11 +180,11 @@ class Amqp10PartitionPublisher:
         _watch(sender.closed, failed)
         return sender
 
-    async def _ready(self, description: str) -> tuple[Amqp10Client, Sender]:
+    async def _ready(self, description: str, last: Endpoint | None) -> tuple[Amqp10Client, Sender]:
         c = self.options.connection
         client = None
         try:
-            client = await Amqp10Client.connect(c, f"spark-amqp sink {description}")
+            client = await Amqp10Client.connect(c, f"spark-amqp sink {description}", last)
             self.builder.met_amqp10_broker(client.server_version, client.rabbitmq, client.max_frame)
             await self._declare(client)
             return client, await client.sender(None, lambda *args: None)
@@ -177,7 +215,8 @@ class Amqp10PartitionPublisher:
 
     def _outcome(self, window: ConfirmWindow[Amqp10Message], first: int, last: int, code: int, values: list[Any]) -> None:
         """Deliveries ``first`` to ``last`` of one link settled with one outcome."""
-        addresses = [self._addresses.pop(delivery_id, "?") for delivery_id in serial_ids(first, last)]
+        settled = [self._unsettled.pop(delivery_id, None) for delivery_id in serial_ids(first, last)]
+        addresses = [m.address if m is not None else "?" for m in settled]
         # Outcomes may come out of order: the window only counts them.
         upto = window.answered + len(addresses)
         if code == Performative.ACCEPTED:
@@ -217,18 +256,23 @@ class Amqp10PartitionPublisher:
             reason = failed.result()
             raise self._ended(reason, window, message) from reason
 
-    def _ended(self, reason: BaseException, window: ConfirmWindow[Amqp10Message], message: Amqp10Message | None) -> AmqpPublishError:
+    def _ended(self, reason: BaseException, window: ConfirmWindow[Amqp10Message], message: Amqp10Message | None) -> Exception:
         to = f"'{message.address}'" if message is not None else "the broker"
-        return AmqpPublishError(
+        what = (
             f"{window.published - window.acked} of {window.published} messages published to {to} over AMQP 1.0 are not "
-            f"accepted: the broker ended the link or the connection ({reason}); {retry_hint(reason)}"
+            f"accepted: the broker ended the link or the connection ({reason})"
         )
+        if is_transient(reason):
+            return LetDown(AmqpPublishError(what))
+        return AmqpPublishError(f"{what}; {retry_hint(reason)}")
 
-    def _timeout(self, window: ConfirmWindow[Amqp10Message], message: Amqp10Message | None) -> AmqpPublishError:
+    def _timeout(self, window: ConfirmWindow[Amqp10Message], message: Amqp10Message | None) -> LetDown:
         to = f"'{message.address}'" if message is not None else "the broker"
-        return AmqpPublishError(
-            f"{window.outstanding} of {window.published} messages published to {to} over AMQP 1.0 got no outcome (or no "
-            f"credit to send more) within confirmTimeout={self.options.confirm_timeout:g}s; the task fails so that Spark retries it"
+        return LetDown(
+            AmqpPublishError(
+                f"{window.outstanding} of {window.published} messages published to {to} over AMQP 1.0 got no outcome (or no "
+                f"credit to send more) within confirmTimeout={self.options.confirm_timeout:g}s"
+            )
         )
 
 

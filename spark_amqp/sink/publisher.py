@@ -19,7 +19,7 @@ import itertools
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pamqp import commands
 
@@ -60,35 +60,19 @@ class PartitionPublisher:
         """Publish every message; ``on_connect`` learns of each connection (and may ask the broker) before a
         message is built for it."""
         opts = self.options
-        outage = Outage(opts.connection.outage_timeout, opts.connection.display_uri, self.retried_since)
-        backoff = Backoff()
+        reconnects = Reconnects(opts, self.retried_since)
         source = self._taken_from(batches)
         last: Endpoint | None = None
         while True:
-            client, channel = await self._ready(description, on_connect, outage, last)
+            client, channel = await self._ready(description, on_connect, reconnects.outage, last)
             window: ConfirmWindow[Outgoing] = ConfirmWindow(opts.max_in_flight, keep=True)
             try:
                 await self._send(client, channel, window, source)
                 return PublishResult(self.taken, self.taken)
-            except _LetDown as down:
-                if window.acked:  # this connection had got past any earlier outage
-                    outage.recovered()
-                    backoff.reset()
+            except LetDown as down:
                 again = window.unanswered()
                 source = itertools.chain(again, [down.unsent] if down.unsent is not None else [], source)
-                outage.failed(down.error, unreachable=False)
-                delay = backoff.next()
-                if not outage.allows(delay):
-                    raise AmqpPublishError(f"{down.error} ({outage.waited()}); the task fails so that Spark retries it") from down.__cause__
-                log.warning(
-                    "AMQP sink: %s; connecting again in %.1fs, to another node of the uri if it names one, to publish those "
-                    "%d again (%.0fs of brokerOutageTimeout=%gs)",
-                    down.error,
-                    delay,
-                    len(again),
-                    outage.seconds(),
-                    outage.timeout,
-                )
+                delay = reconnects.after(down, bool(window.acked), len(again))
                 last = client.endpoint
             finally:
                 await client.close()
@@ -101,7 +85,7 @@ class PartitionPublisher:
                 yield message
 
     async def _send(self, client: AmqpClient, channel: ClientChannel, window: ConfirmWindow[Outgoing], source: Iterator[Outgoing]) -> None:
-        """Publish what ``source`` gives and wait for every confirm; ``_LetDown`` when the connection ended or
+        """Publish what ``source`` gives and wait for every confirm; ``LetDown`` when the connection ended or
         stopped confirming (another may not), ``AmqpPublishError`` for anything else."""
         opts = self.options
         channel.on_confirm = window.on_confirm
@@ -200,7 +184,7 @@ class PartitionPublisher:
                 f"the broker closed the {scope} ({reason})"
             )
             if is_transient(reason):
-                raise _LetDown(AmqpPublishError(what), unsent) from reason
+                raise LetDown(AmqpPublishError(what), unsent) from reason
             raise AmqpPublishError(f"{what}; {retry_hint(reason)}") from reason
 
     def _rejected(self, window: ConfirmWindow[Outgoing], message: Outgoing) -> AmqpPublishError:
@@ -242,7 +226,7 @@ class PartitionPublisher:
                 f"{_target(self.options, message)} are not confirmed and nothing more was sent. The task fails so that Spark "
                 "retries it; free memory or disk on the broker (rabbitmq-diagnostics alarms shows which)"
             )
-        return _LetDown(
+        return LetDown(
             AmqpPublishError(
                 f"{window.outstanding} of {window.published} messages published to {_target(self.options, message)} "
                 f"got no confirm within confirmTimeout={self.options.confirm_timeout:g}s"
@@ -251,13 +235,44 @@ class PartitionPublisher:
         )
 
 
-class _LetDown(Exception):
-    """The connection ended, or stopped confirming: another may not. ``unsent``: a message taken but not published."""
+class LetDown(Exception):
+    """The connection ended, or stopped confirming: another may not. ``unsent``: what was taken but not published."""
 
-    def __init__(self, error: AmqpPublishError, unsent: Outgoing | None) -> None:
+    def __init__(self, error: AmqpPublishError, unsent: Any = None) -> None:
         super().__init__(str(error))
         self.error = error
         self.unsent = unsent
+
+
+class Reconnects:
+    """How long a publisher goes on replacing connections that let it down (``LetDown``): ``brokerOutageTimeout``
+    from the first such failure since a connection last confirmed something."""
+
+    def __init__(self, opts: SinkOptions, retried_since: float | None) -> None:
+        self.outage = Outage(opts.connection.outage_timeout, opts.connection.display_uri, retried_since)
+        self._backoff = Backoff()
+
+    def after(self, down: LetDown, confirmed: bool, again: int) -> float:
+        """How long to wait before connecting again, ``again`` messages to publish again; raises once the outage has
+        lasted too long. ``confirmed``: the connection that let the publisher down had confirmed something."""
+        outage = self.outage
+        if confirmed:
+            outage.recovered()
+            self._backoff.reset()
+        outage.failed(down.error, unreachable=False)
+        delay = self._backoff.next()
+        if not outage.allows(delay):
+            raise AmqpPublishError(f"{down.error} ({outage.waited()}); the task fails so that Spark retries it") from down.__cause__
+        log.warning(
+            "AMQP sink: %s; connecting again in %.1fs, to another node of the uri if it names one, to publish those %d "
+            "again (%.0fs of brokerOutageTimeout=%gs)",
+            down.error,
+            delay,
+            again,
+            outage.seconds(),
+            outage.timeout,
+        )
+        return delay
 
 
 async def _connect(opts: SinkOptions, description: str, last: Endpoint | None = None) -> AmqpClient:
