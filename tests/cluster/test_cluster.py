@@ -53,13 +53,13 @@ def attempts(monkeypatch: pytest.MonkeyPatch) -> list[Attempt]:
     tried: list[Attempt] = []
     walk = dial.walk
 
-    async def recording_walk(endpoints: Any, resolve: Any, attempt: Any) -> Any:
+    async def recording_walk(endpoints: Any, resolve: Any, attempt: Any, last: Any = None) -> Any:
         async def recorded(endpoint: Any, address: str, where: str) -> Any:
             outcome = await attempt(endpoint, address, where)
             tried.append(Attempt(where, outcome.reason if isinstance(outcome, dial.Failure) else None))
             return outcome
 
-        return await walk(endpoints, resolve, recorded)
+        return await walk(endpoints, resolve, recorded, last)
 
     monkeypatch.setattr(dial, "walk", recording_walk)
     return tried
