@@ -90,7 +90,7 @@ wheel: $(WHEEL) $(BROKER_WHEEL)
 	rm -rf .venv-pyspark$*
 	$(or $(PYTHON_$*),$(PYTHON)) -m venv .venv-pyspark$*
 	.venv-pyspark$*/bin/python -m pip install --quiet --upgrade pip
-	.venv-pyspark$*/bin/python -m pip install --quiet -c $< "pyspark[connect]" pika pytest pytest-timeout pytest-xdist
+	.venv-pyspark$*/bin/python -m pip install --quiet -c $< "pyspark[connect]" pika pytest pytest-timeout pytest-xdist pytest-rerunfailures
 	touch $@
 
 # Stamps, not intermediates: make must not delete them (and rebuild the venv) after a run.

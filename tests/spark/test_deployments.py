@@ -26,7 +26,7 @@ from ..broker.helpers import connect, drain
 from ..brokers import counts, publish
 from ..conftest import REAL_URL, NameFactory
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(480)]  # its job has 420 s; on a loaded machine one took over 300
 
 JOB = Path(__file__).with_name("deploy_job.py")
 HIDDEN = Path(__file__).with_name("hidden")

