@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pyarrow as pa
+from spark_amqp_broker import EmbeddedBroker
 
 from spark_amqp.sink.columns import MessageBuilder
 from spark_amqp.sink.options import parse_sink_options
@@ -18,3 +19,8 @@ def publish_table(url: str, table: dict, **options: str):  # type: ignore[no-unt
     batch = pa.RecordBatch.from_pydict(table)
     builder = MessageBuilder(opts)
     return asyncio.run(PartitionPublisher(opts).publish([builder.messages(batch)], "test", connected(builder)))
+
+
+def both_nodes(first: EmbeddedBroker, second: EmbeddedBroker) -> str:
+    """A uri naming two embedded brokers as two nodes, ``first`` first (the ``listed`` fixture keeps that order)."""
+    return first.url.replace(f"@{first.host}:{first.port}/", f"@{first.host}:{first.port},{second.host}:{second.port}/")

@@ -24,7 +24,7 @@ from spark_amqp.sink.options import parse_sink_options
 from .. import amqp10_fixtures
 from ..broker.helpers import consume_n, wait_for
 from ..brokers import drop_source_connections
-from .helpers import publish_table
+from .helpers import both_nodes, publish_table
 
 # The fixtures each RabbitMQ 4.x and its fresh queues (tests/amqp10_fixtures.py).
 url = amqp10_fixtures.url
@@ -223,24 +223,19 @@ def test_a_connection_lost_mid_partition_is_replaced_and_what_it_had_not_settled
     assert n <= ready <= n + 1000, ready
 
 
-def test_a_node_that_stops_settling_is_left_for_another_of_the_uri(embedded: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_node_that_stops_settling_is_left_for_another_of_the_uri(embedded: EmbeddedBroker, listed: None) -> None:
     # As over AMQP 0-9-1 (tests/sink/test_publisher.py): after confirmTimeout without an outcome the task connects
     # again, to the uri's other node first, and publishes there what the first had not settled.
-    from spark_amqp.transport import endpoints
-
-    from ..conftest import Listed
-
-    monkeypatch.setattr(endpoints, "ORDER", endpoints.EndpointOrder(Listed()))
     with EmbeddedBroker() as other:
         for broker in (embedded, other):
             conn = pika.BlockingConnection(pika.URLParameters(broker.url))
             conn.channel().queue_declare("q")
             conn.close()
         embedded.hold_confirms()
-        port, other_port = (int(u.rsplit(":", 1)[1].split("/")[0]) for u in (embedded.url, other.url))
-        both = embedded.url.replace(f":{port}/", f":{port},127.0.0.1:{other_port}/")
         bodies = [b"m%d" % i for i in range(40)]
-        result = publish10(both, {"body": bodies}, routingKey="q", maxInFlight="10", confirmTimeout="0.5", brokerOutageTimeout="10s")
+        result = publish10(
+            both_nodes(embedded, other), {"body": bodies}, routingKey="q", maxInFlight="10", confirmTimeout="0.5", brokerOutageTimeout="10s"
+        )
         embedded.release_confirms()
         assert (result.published, result.confirmed) == (40, 40)
         assert [body for _, _, body in _consume(other.url, "q", 40)] == bodies  # the 10 unsettled, then the rest

@@ -16,7 +16,7 @@ from spark_amqp.sink.publisher import PartitionPublisher
 
 from ..broker.helpers import connect, drain, ready_count
 from ..fake_servers import LateNode
-from .helpers import publish_table
+from .helpers import both_nodes, publish_table
 
 
 def _declare(url: str, queue: str, **kwargs) -> None:  # type: ignore[no-untyped-def]
@@ -196,24 +196,17 @@ def test_a_connection_dropped_mid_publish_is_replaced_and_its_unconfirmed_messag
     assert set(got) == set(bodies) and 50 < len(got) <= 60, got
 
 
-def test_a_node_that_stops_confirming_is_left_for_another_of_the_uri(embedded: EmbeddedBroker, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_node_that_stops_confirming_is_left_for_another_of_the_uri(embedded: EmbeddedBroker, listed: None) -> None:
     # A node cut off from its cluster keeps taking messages it cannot confirm: after confirmTimeout the
     # publisher connects again, to the uri's other node first, and publishes there what was not confirmed.
-    from spark_amqp.transport import endpoints
-
-    class AsWritten(endpoints.EndpointOrder):
-        def round(self, items):  # type: ignore[no-untyped-def,override]
-            return list(items)
-
-    monkeypatch.setattr(endpoints, "ORDER", AsWritten())
     with EmbeddedBroker() as other:
         for url in (embedded.url, other.url):
             _declare(url, "q")
         embedded.hold_confirms()
-        port, other_port = (int(u.rsplit(":", 1)[1].split("/")[0]) for u in (embedded.url, other.url))
-        both = embedded.url.replace(f":{port}/", f":{port},127.0.0.1:{other_port}/")
         bodies = [b"m%d" % i for i in range(40)]
-        result = publish_table(both, {"body": bodies}, routingKey="q", maxInFlight="10", confirmTimeout="0.5", brokerOutageTimeout="10s")
+        result = publish_table(
+            both_nodes(embedded, other), {"body": bodies}, routingKey="q", maxInFlight="10", confirmTimeout="0.5", brokerOutageTimeout="10s"
+        )
         embedded.release_confirms()
         assert (result.published, result.confirmed) == (40, 40)
         conn = connect(other.url)
