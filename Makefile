@@ -17,9 +17,10 @@ PYTHON_4.0 ?= $(or $(wildcard $(shell pyenv prefix 3.12 2>/dev/null)/bin/python3
 # The 4.0 line also pins the lowest versions the package declares (conf/constraints-pyspark4.0.txt): there the
 # tests without Spark run too.
 LOWEST_LINE := 4.0
-# A line between the lowest and the Delta line (4.2, whose lane and Delta tests cover it fully), and CPython 3.13, run
-# the Spark tests of every mode's source and sink only: not those of deployments, jobs and threads (CI time).
-MIDDLE_LINES := 4.1
+# The lines between the lowest and the pinned one (which bound what a line may lack or change), and CPython 3.13, run
+# the Spark tests of every mode's source and sink only: not those of deployments, jobs and threads (CI time: on two
+# cores, CI's Spark lanes beside each other are bound by CPU). 4.2 also runs the Delta tests.
+MIDDLE_LINES := 4.1 4.2
 SPARK_MODE_TESTS := tests/spark/test_source_stream.py tests/spark/test_sink.py tests/spark/test_stream_queues.py
 # CPython 3.13, Debian 13's, in a chroot (tools/python3.13): the tests without Spark and the Spark tests on
 # the pinned PySpark, on the embedded broker.
@@ -42,6 +43,10 @@ BROKER_WHEEL := dist/spark_amqp_broker-$(VERSION)-py3-none-any.whl
 BROKER_SOURCES := broker/pyproject.toml broker/README.md $(shell find broker/spark_amqp_broker -name '*.py' -o -name py.typed)
 # `make broker` listens here, not on 5672, so it never collides with a local RabbitMQ.
 BROKER_PORT ?= 5673
+# A command each lane of the tests runs under, given the lane's name first: .ci/run sets it to `tools/cpu run`, which
+# accounts each lane's CPU (children included) in a cgroup of its own.
+LANE ?=
+lane = $(if $(LANE),$(LANE) $(1))
 # Processes the tests without Spark are spread over (they mostly wait on brokers).
 TEST_WORKERS ?= 4
 # The JVMs the tests start (Spark's drivers, executors and jobs, each test's restarts): the client compiler only and
@@ -163,15 +168,15 @@ test: $(STAMP) $(JARS_STAMP) $(DELTA_VENV)/.wheel $(INTEROP_CLASS)
 	@mkdir -p .cache
 	@rm -f .cache/test-phase1.done
 	export JAVA_TOOL_OPTIONS="$(TEST_JVM)"; \
-	$(DELTA_PY) -m pytest -m "spark and delta" --durations=5 --junitxml=.cache/junit-delta.xml $(PYTEST_ARGS) >.cache/test-delta.log 2>&1 & delta=$$!; \
+	$(call lane,delta) $(DELTA_PY) -m pytest -m "spark and delta" --durations=5 --junitxml=.cache/junit-delta.xml $(PYTEST_ARGS) >.cache/test-delta.log 2>&1 & delta=$$!; \
 	trap 'kill $$delta $$faults 2>/dev/null' INT TERM; \
-	$(PY) -m pytest -m "not spark" -n $(TEST_WORKERS) --junitxml=.cache/junit-plain.xml $(PYTEST_ARGS); plain=$$?; \
-	$(PY) -m pytest -m "spark and faults" --durations=10 -rP --junitxml=.cache/junit-faults.xml $(PYTEST_ARGS) >.cache/test-faults.log 2>&1 & faults=$$!; \
+	$(call lane,plain) $(PY) -m pytest -m "not spark" -n $(TEST_WORKERS) --junitxml=.cache/junit-plain.xml $(PYTEST_ARGS); plain=$$?; \
+	$(call lane,faults) $(PY) -m pytest -m "spark and faults" --durations=10 -rP --junitxml=.cache/junit-faults.xml $(PYTEST_ARGS) >.cache/test-faults.log 2>&1 & faults=$$!; \
 	wait $$delta; delta_rc=$$?; \
 	echo "::: the tests that need Delta (PySpark $(DELTA_LINE)), run beside those without Spark:"; cat .cache/test-delta.log; \
 	if [ $$plain -ne 0 ] || [ $$delta_rc -ne 0 ]; then kill $$faults 2>/dev/null; exit 1; fi; \
 	touch .cache/test-phase1.done; \
-	$(PY) -m pytest -m "spark and not delta and not faults" --durations=15 --junitxml=.cache/junit-spark.xml $(PYTEST_ARGS); spark=$$?; \
+	$(call lane,spark) $(PY) -m pytest -m "spark and not delta and not faults" --durations=15 --junitxml=.cache/junit-spark.xml $(PYTEST_ARGS); spark=$$?; \
 	wait $$faults; faults_rc=$$?; \
 	echo "::: the Spark tests of production's faults, run beside the other Spark tests:"; cat .cache/test-faults.log; \
 	[ $$spark -eq 0 ] && [ $$faults_rc -eq 0 ]
@@ -197,8 +202,8 @@ soak: $(STAMP) rabbitmq
 ## On the lowest line, the tests without Spark too: they exercise the lowest pyarrow and pamqp the most.
 $(PYSPARK_LINES:%=test-pyspark%): test-pyspark%: .venv-pyspark%/.wheel
 	@echo "PySpark $* on $$(.venv-pyspark$*/bin/python --version), pyarrow $$(.venv-pyspark$*/bin/python -c 'import pyarrow; print(pyarrow.__version__)')"
-	$(if $(filter $*,$(LOWEST_LINE)),$(EMBEDDED_ONLY) .venv-pyspark$*/bin/python -m pytest -m "not spark" -n $(TEST_WORKERS) -p no:cacheprovider $(PYTEST_ARGS))
-	$(EMBEDDED_ONLY) JAVA_TOOL_OPTIONS="$(TEST_JVM)" .venv-pyspark$*/bin/python -m pytest $(if $(filter $*,$(MIDDLE_LINES)),$(SPARK_MODE_TESTS),tests/spark) -m "spark and not delta and not pinned" -p no:cacheprovider --junitxml=.cache/junit-pyspark$*.xml $(PYTEST_ARGS)
+	$(if $(filter $*,$(LOWEST_LINE)),$(call lane,lowest-deps) $(EMBEDDED_ONLY) .venv-pyspark$*/bin/python -m pytest -m "not spark" -n $(TEST_WORKERS) -p no:cacheprovider $(PYTEST_ARGS))
+	$(call lane,pyspark$*) $(EMBEDDED_ONLY) JAVA_TOOL_OPTIONS="$(TEST_JVM)" .venv-pyspark$*/bin/python -m pytest $(if $(filter $*,$(MIDDLE_LINES)),$(SPARK_MODE_TESTS),tests/spark) -m "spark and not delta and not pinned" -p no:cacheprovider --junitxml=.cache/junit-pyspark$*.xml $(PYTEST_ARGS)
 
 ## The Spark tests on every other PySpark line; `make test` covers the pinned one.
 test-matrix: $(PYSPARK_LINES:%=test-pyspark%)
@@ -212,7 +217,7 @@ $(PY313_VENV)/.installed: pyproject.toml broker/pyproject.toml conf/constraints.
 ## The tests without Spark and the Spark tests of every mode's source and sink (SPARK_MODE_TESTS) on the pinned
 ## PySpark, on CPython 3.13 (the embedded broker: tools/python3.13 passes no AMQP_TEST_* variable into the chroot).
 test-python3.13: $(PY313_VENV)/.installed
-	tools/python3.13 run "$(PY313_VENV)/bin/python --version && $(PY313_VENV)/bin/python -m pytest -m 'not spark' -n $(TEST_WORKERS) -p no:cacheprovider $(PYTEST_ARGS) && JAVA_TOOL_OPTIONS='$(TEST_JVM)' $(PY313_VENV)/bin/python -m pytest $(SPARK_MODE_TESTS) -m 'spark and not delta and not pinned' -p no:cacheprovider --junitxml=.cache/junit-python3.13.xml $(PYTEST_ARGS)"
+	$(call lane,python3.13) tools/python3.13 run "$(PY313_VENV)/bin/python --version && $(PY313_VENV)/bin/python -m pytest -m 'not spark' -n $(TEST_WORKERS) -p no:cacheprovider $(PYTEST_ARGS) && JAVA_TOOL_OPTIONS='$(TEST_JVM)' $(PY313_VENV)/bin/python -m pytest $(SPARK_MODE_TESTS) -m 'spark and not delta and not pinned' -p no:cacheprovider --junitxml=.cache/junit-python3.13.xml $(PYTEST_ARGS)"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -21,6 +21,7 @@ from spark_amqp.transport.options import CONNECTION_KEYS, parse_connection
 from tests.brokers import REAL
 
 from ..broker.amqp10_helpers import publish, run, until
+from ..broker.helpers import ready_count
 
 AMQP10 = [b for b in REAL if b.version >= (4, 0)]
 
@@ -42,14 +43,6 @@ def queue(url: str) -> Iterator[str]:
     conn = pika.BlockingConnection(pika.URLParameters(url))
     conn.channel().queue_delete(name)
     conn.close()
-
-
-def _ready(url: str, queue: str) -> int:
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        return int(conn.channel().queue_declare(queue, passive=True).method.message_count)
-    finally:
-        conn.close()
 
 
 async def _publish(client: Amqp10Client, address: str, messages: list[bytes]) -> list[int]:
@@ -76,7 +69,7 @@ def test_published_messages_are_accepted_and_read_back_in_order_with_their_prope
     assert [s.body for s in read] == [b"m%d" % i for i in range(n)]
     assert [s.property("message_id") for s in read[:3]] == ["id0", "id1", "id2"] and read[7].application_properties == {"n": 7}
     assert [d for d, _ in got] == list(range(got[0][0], got[0][0] + n))  # delivery ids in order
-    assert _ready(url, queue) == 0
+    assert ready_count(url, queue) == 0
 
 
 def test_released_messages_go_back_to_the_queue_and_unsettled_ones_on_detach(url: str, queue: str) -> None:
@@ -92,8 +85,8 @@ def test_released_messages_go_back_to_the_queue_and_unsettled_ones_on_detach(url
 
     run(url, body)
     deadline = time.monotonic() + 10
-    while _ready(url, queue) != 7:
-        assert time.monotonic() < deadline, f"{_ready(url, queue)} messages in the queue, not 7"
+    while ready_count(url, queue) != 7:
+        assert time.monotonic() < deadline, f"{ready_count(url, queue)} messages in the queue, not 7"
         time.sleep(0.05)
 
 

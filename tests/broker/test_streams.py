@@ -14,7 +14,7 @@ from typing import Any
 import pika
 import pytest
 
-from .helpers import connect, wait_for
+from .helpers import connect, ready_count, wait_for
 from .raw import StreamClient
 
 STREAM = {"x-queue-type": "stream"}
@@ -293,15 +293,7 @@ def test_acks_only_give_credit_and_nothing_is_deleted(amqp_url, names) -> None: 
     conn.close()
     assert _offsets(amqp_url, q, "first") == list(range(6))  # acked, and still there
     # message_count is next offset minus first offset; RabbitMQ's lags by a few seconds.
-    wait_for(lambda: _message_count(amqp_url, q) == 6, timeout=20, interval=0.25)
-
-
-def _message_count(url: str, q: str) -> int:
-    conn = connect(url)
-    try:
-        return int(conn.channel().queue_declare(q, passive=True).method.message_count)
-    finally:
-        conn.close()
+    wait_for(lambda: ready_count(amqp_url, q) == 6, timeout=20, interval=0.25)
 
 
 def test_unacked_deliveries_of_a_closed_channel_are_not_redelivered(amqp_url, names) -> None:  # type: ignore[no-untyped-def]
@@ -463,7 +455,7 @@ def test_max_length_bytes_truncates_whole_segments_from_the_head(amqp_url, names
     # A new segment opens with a tracking chunk that takes an offset: offsets have gaps.
     assert offsets != list(range(offsets[0], offsets[-1] + 1))
     assert len(offsets) < 60
-    wait_for(lambda: _message_count(amqp_url, q) < offsets[-1] + 1, timeout=20, interval=0.25)
+    wait_for(lambda: ready_count(amqp_url, q) < offsets[-1] + 1, timeout=20, interval=0.25)
 
 
 def test_max_age_truncates_old_segments_when_a_new_one_starts(amqp_url, names) -> None:  # type: ignore[no-untyped-def]
