@@ -22,9 +22,11 @@ LOWEST_LINE := 4.0
 # cores, CI's Spark lanes beside each other are bound by CPU). 4.2 also runs the Delta tests.
 MIDDLE_LINES := 4.1 4.2
 SPARK_MODE_TESTS := tests/spark/test_source_stream.py tests/spark/test_sink.py tests/spark/test_stream_queues.py
-# CPython 3.13, Debian 13's, in a chroot (tools/python3.13): the tests without Spark and the Spark tests on
-# the pinned PySpark, on the embedded broker.
+# CPython 3.13, Debian 13's, in a chroot (tools/python3.13): the tests without Spark and the Spark mode tests, on the
+# embedded broker, with PySpark 4.2 (PY313_LINE). CI pairs Python and PySpark lines instead of crossing them: 4.0 on
+# 3.12, 4.1 and 4.3 on 3.11, 4.2 on 3.13, so each Python and each PySpark line is tested once, for one lane's CPU less.
 PY313_VENV := .venv-python3.13
+PY313_LINE := 4.2
 # Every variable that points the tests at a real broker: unset, the embedded broker serves them all.
 AMQP_TEST_VARS := AMQP_TEST_BROKERS AMQP_TEST_URL AMQP_TEST_DENYING_URL AMQP_TEST_STREAM_BROKERS AMQP_TEST_CLUSTER_URL \
 	AMQP_TEST_CLUSTER_STREAM_URL AMQP_TEST_TLS_URL AMQP_TEST_TLS_STREAM_URL AMQP_TEST_TLS_DIR AMQP_TEST_OAUTH_URL AMQP_TEST_OAUTH_STREAM_URL \
@@ -209,13 +211,13 @@ $(PYSPARK_LINES:%=test-pyspark%): test-pyspark%: .venv-pyspark%/.wheel
 test-matrix: $(PYSPARK_LINES:%=test-pyspark%)
 
 ## CPython 3.13 (tools/python3.13: Debian 13's, in a chroot; the checkout is bind-mounted at the same path).
-$(PY313_VENV)/.installed: pyproject.toml broker/pyproject.toml conf/constraints.txt tools/python3.13
+$(PY313_VENV)/.installed: pyproject.toml broker/pyproject.toml conf/constraints-pyspark$(PY313_LINE).txt tools/python3.13
 	tools/python3.13 install
-	tools/python3.13 run "rm -rf $(PY313_VENV) && python3.13 -m venv $(PY313_VENV) && $(PY313_VENV)/bin/python -m pip install --quiet --upgrade pip && $(PY313_VENV)/bin/python -m pip install --quiet -c conf/constraints.txt -e '.[test]' -e ./broker"
+	tools/python3.13 run "rm -rf $(PY313_VENV) && python3.13 -m venv $(PY313_VENV) && $(PY313_VENV)/bin/python -m pip install --quiet --upgrade pip && $(PY313_VENV)/bin/python -m pip install --quiet -c conf/constraints-pyspark$(PY313_LINE).txt -e '.[test]' -e ./broker"
 	touch $@
 
-## The tests without Spark and the Spark tests of every mode's source and sink (SPARK_MODE_TESTS) on the pinned
-## PySpark, on CPython 3.13 (the embedded broker: tools/python3.13 passes no AMQP_TEST_* variable into the chroot).
+## The tests without Spark and the Spark tests of every mode's source and sink (SPARK_MODE_TESTS) on PySpark
+## $(PY313_LINE), on CPython 3.13 (the embedded broker: tools/python3.13 passes no AMQP_TEST_* variable into the chroot).
 test-python3.13: $(PY313_VENV)/.installed
 	$(call lane,python3.13) tools/python3.13 run "$(PY313_VENV)/bin/python --version && $(PY313_VENV)/bin/python -m pytest -m 'not spark' -n $(TEST_WORKERS) -p no:cacheprovider $(PYTEST_ARGS) && JAVA_TOOL_OPTIONS='$(TEST_JVM)' $(PY313_VENV)/bin/python -m pytest $(SPARK_MODE_TESTS) -m 'spark and not delta and not pinned' -p no:cacheprovider --junitxml=.cache/junit-python3.13.xml $(PYTEST_ARGS)"
 

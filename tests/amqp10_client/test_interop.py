@@ -27,6 +27,9 @@ from ..brokers import REAL
 from ..locks import exclusive
 from ..queues.driver import MicroBatchDriver
 
+# The Artemis case may first wait for the Artemis lock while the Delta lane's SIGKILL test holds it (over 300 s once).
+pytestmark = pytest.mark.timeout(900)
+
 proton = pytest.importorskip("proton", reason="python-qpid-proton is not installed (make install puts it into .venv)")
 from proton import Message, symbol, timestamp  # noqa: E402
 from proton.utils import BlockingConnection  # noqa: E402

@@ -28,7 +28,12 @@ from ..queues.driver import MicroBatchDriver
 
 URL = os.environ.get("AMQP_TEST_ARTEMIS_URL")
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "artemis"
-pytestmark = pytest.mark.skipif(not URL, reason="AMQP_TEST_ARTEMIS_URL not set (tools/artemis start; tools/artemis url)")
+pytestmark = [
+    pytest.mark.skipif(not URL, reason="AMQP_TEST_ARTEMIS_URL not set (tools/artemis start; tools/artemis url)"),
+    # A test may first wait for the Artemis lock (conftest.py) while the Delta lane's SIGKILL test holds it: that
+    # took over 300 s in a CI run. pytest-timeout counts the wait.
+    pytest.mark.timeout(900),
+]
 
 
 @pytest.fixture
