@@ -245,9 +245,10 @@ def test_a_journal_gives_exactly_once_through_a_crash(url: str, queues: Any, tmp
     try:
         second.start = start
         assert second.run_batch(start, end, commit_previous=False) == batch  # the replay is the batch, every column
-        rest = second.drain(30)[10:]
+        # The first batch is what had arrived when it was planned: up to 10 (7 in a CI run), so no fixed count below.
+        rest = second.drain(30)[len(batch) :]
         assert sorted(_ids(batch + rest)) == sorted(f"id-{i}" for i in range(30))
-        assert second.runtime.intake.copies_dropped == 10
+        assert second.runtime.intake.copies_dropped == len(batch)
         second.idle_until(lambda: counts(url, q, None) == (0, 0), timeout=30)
     finally:
         second.close()

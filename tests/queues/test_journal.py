@@ -54,7 +54,7 @@ def _purge(url: str, queue: str) -> None:
 
 
 def _first_batch(url: str, queue: str, journal: Path, **options: object) -> tuple[MicroBatchDriver, dict, dict, list[dict]]:  # type: ignore[type-arg]
-    """30 messages with ids published; a first run plans and runs its first batch of 10."""
+    """30 messages with ids published; a first run plans and runs its first batch (up to 10)."""
     publish(url, queue, [b"m%d" % i for i in range(30)], message_id=lambda i: f"id-{i}")
     first = _driver(url, queue, journal, maxMessagesPerTrigger=10, prefetch=30, **options)
     start, end = first.plan()
@@ -69,8 +69,9 @@ def _replay(d: MicroBatchDriver, start: dict, end: dict) -> list[dict]:  # type:
 def test_replayed_batch_is_identical_and_its_redelivered_copies_are_dropped(amqp_url: str, names, embedded_or_none, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     q, journal = names.queue(), tmp_path / "journal"
     first, start, end, original = _first_batch(amqp_url, q, journal)
-    assert len(original) == 10 and len(_journal_files(journal)) == 2  # data + manifest
-    assert wait_for(lambda: sum(counts(amqp_url, q, embedded_or_none)) == 20)  # the batch's ten are acked already
+    # Up to 10: what had arrived when the batch was planned (fewer on a loaded machine).
+    assert 0 < len(original) <= 10 and len(_journal_files(journal)) == 2  # data + manifest
+    assert wait_for(lambda: sum(counts(amqp_url, q, embedded_or_none)) == 30 - len(original))  # the batch is acked already
     _crash(first)  # the sink wrote the batch; Spark had not yet logged the commit
 
     # Copies of the journalled batch may come back if its acks were lost: its entry waits for them
@@ -78,7 +79,7 @@ def test_replayed_batch_is_identical_and_its_redelivered_copies_are_dropped(amqp
     second = _driver(amqp_url, q, journal, maxMessagesPerTrigger=10, prefetch=30, journalRetention=2)
     try:
         assert _replay(second, start, end) == original  # every column, including the original tags
-        rest = second.drain(30)[10:]
+        rest = second.drain(30)[len(original) :]
         assert sorted(_ids(original + rest)) == sorted(f"id-{i}" for i in range(30))
         assert second.runtime.intake.copies_dropped == 0  # acked when journalled: none came back
         second.idle_until(lambda: counts(amqp_url, q, embedded_or_none) == (0, 0) and not _journal_files(journal))
@@ -98,7 +99,7 @@ def test_a_batch_journalled_but_never_logged_is_the_next_batch(amqp_url: str, na
         second.start = end  # Spark resumes after the last logged (and committed) batch
         assert second.plan() == (end, lost_end)  # the same batch: its messages are only in the journal now
         assert second.run_batch(end, lost_end) == lost
-        rest = second.drain(20)[10:]  # the first batch (10) was committed before the crash
+        rest = second.drain(30 - len(committed))[len(lost) :]  # the first batch was committed before the crash
         assert sorted(_ids(committed + lost + rest)) == sorted(f"id-{i}" for i in range(30))
         second.idle_until(lambda: counts(amqp_url, q, embedded_or_none) == (0, 0) and not _journal_files(journal))
     finally:
@@ -118,9 +119,9 @@ def test_a_crash_between_the_journal_and_its_acks_drops_the_copies(amqp_url: str
     second = _driver(amqp_url, q, journal, maxMessagesPerTrigger=10, prefetch=30)
     try:
         assert _replay(second, start, end) == batch
-        rest = second.drain(30)[10:]
+        rest = second.drain(30)[len(batch) :]  # the batch is what had arrived when it was planned: up to 10
         assert sorted(_ids(batch + rest)) == sorted(f"id-{i}" for i in range(30))
-        assert second.runtime.intake.copies_dropped == 10
+        assert second.runtime.intake.copies_dropped == len(batch)
         second.idle_until(lambda: counts(amqp_url, q, embedded_or_none) == (0, 0) and not _journal_files(journal))
     finally:
         second.close()
