@@ -173,10 +173,10 @@ test: $(STAMP) $(JARS_STAMP) $(DELTA_VENV)/.wheel $(INTEROP_CLASS)
 	$(call lane,delta) $(DELTA_PY) -m pytest -m "spark and delta" --durations=5 --junitxml=.cache/junit-delta.xml $(PYTEST_ARGS) >.cache/test-delta.log 2>&1 & delta=$$!; \
 	trap 'kill $$delta $$faults 2>/dev/null' INT TERM; \
 	$(call lane,plain) $(PY) -m pytest -m "not spark" -n $(TEST_WORKERS) --junitxml=.cache/junit-plain.xml $(PYTEST_ARGS); plain=$$?; \
-	$(call lane,faults) $(PY) -m pytest -m "spark and faults" --durations=10 -rP --junitxml=.cache/junit-faults.xml $(PYTEST_ARGS) >.cache/test-faults.log 2>&1 & faults=$$!; \
+	faults=; if [ $$plain -eq 0 ]; then $(call lane,faults) $(PY) -m pytest -m "spark and faults" --durations=10 -rP --junitxml=.cache/junit-faults.xml $(PYTEST_ARGS) >.cache/test-faults.log 2>&1 & faults=$$!; fi; \
 	wait $$delta; delta_rc=$$?; \
 	echo "::: the tests that need Delta (PySpark $(DELTA_LINE)), run beside those without Spark:"; cat .cache/test-delta.log; \
-	if [ $$plain -ne 0 ] || [ $$delta_rc -ne 0 ]; then kill $$faults 2>/dev/null; exit 1; fi; \
+	if [ $$plain -ne 0 ] || [ $$delta_rc -ne 0 ]; then [ -z "$$faults" ] || kill $$faults; exit 1; fi; \
 	touch .cache/test-phase1.done; \
 	$(call lane,spark) $(PY) -m pytest -m "spark and not delta and not faults" --durations=15 --junitxml=.cache/junit-spark.xml $(PYTEST_ARGS); spark=$$?; \
 	wait $$faults; faults_rc=$$?; \
