@@ -23,10 +23,11 @@ LOWEST_LINE := 4.0
 MIDDLE_LINES := 4.1 4.2
 SPARK_MODE_TESTS := tests/spark/test_source_stream.py tests/spark/test_sink.py tests/spark/test_stream_queues.py
 # CPython 3.13, Debian 13's, in a chroot (tools/python3.13): the tests without Spark and the Spark mode tests, on the
-# embedded broker, with PySpark 4.2 (PY313_LINE). CI pairs Python and PySpark lines instead of crossing them: 4.0 on
-# 3.12, 4.1 and 4.3 on 3.11, 4.2 on 3.13, so each Python and each PySpark line is tested once, for one lane's CPU less.
+# embedded broker, with PySpark 4.1 (PY313_LINE). CI pairs Python and PySpark lines instead of crossing them: 4.0 on
+# 3.12, 4.1 on 3.13, 4.2 (the Delta tests) and 4.3 on 3.11, so each Python and each PySpark line is tested, for two
+# lanes' CPU less (CI on two cores is bound by CPU: docs/development.md).
 PY313_VENV := .venv-python3.13
-PY313_LINE := 4.2
+PY313_LINE := 4.1
 # Every variable that points the tests at a real broker: unset, the embedded broker serves them all.
 AMQP_TEST_VARS := AMQP_TEST_BROKERS AMQP_TEST_URL AMQP_TEST_DENYING_URL AMQP_TEST_STREAM_BROKERS AMQP_TEST_CLUSTER_URL \
 	AMQP_TEST_CLUSTER_STREAM_URL AMQP_TEST_TLS_URL AMQP_TEST_TLS_STREAM_URL AMQP_TEST_TLS_DIR AMQP_TEST_OAUTH_URL AMQP_TEST_OAUTH_STREAM_URL \
@@ -56,6 +57,22 @@ TEST_WORKERS ?= 4
 # here), and the tests start dozens, on two cores; their work is small, so C2's faster code never pays off there.
 # Not for the demo or the benchmarks.
 TEST_JVM := -XX:TieredStopAtLevel=1 -XX:+UseSerialGC
+# And class-data sharing (tools/jvm_archive.py): an archive of the classes a venv's Spark JVMs load, for the venvs whose
+# JVMs the tests start by the dozen (the pinned line's; the Delta line's, whose crash tests restart their jobs). A local
+# session writing a Delta table went from 30 s of CPU to 20 s with it. A JVM whose class path differs (another venv's,
+# the Java stream client's) would ignore it and the JDK's own archive with it, so each lane names the archive of its
+# venv, or none.
+CDS_DIR := .cache/cds
+CDS_MAIN := $(CDS_DIR)/venv.jsa
+CDS_DELTA := $(CDS_DIR)/venv-pyspark$(DELTA_LINE).jsa
+test_jvm = $(TEST_JVM) -Xlog:cds*=off -XX:SharedArchiveFile=$(abspath $(1))
+# $(call jvm_archive,python): $@ written by a run of tools/jvm_archive.py in that python's venv (its log beside it).
+define jvm_archive
+	@mkdir -p $(CDS_DIR)
+	rm -f $@
+	JAVA_TOOL_OPTIONS="$(TEST_JVM) -Xlog:cds*=off -XX:ArchiveClassesAtExit=$(abspath $@)" $(1) tools/jvm_archive.py >$@.log 2>&1 || { cat $@.log; exit 1; }
+	test -s $@
+endef
 
 PERFTEST_DIR := .cache/perftest
 PERFTEST_STAMP := $(PERFTEST_DIR)/.stamp
@@ -73,6 +90,7 @@ $(STAMP): pyproject.toml broker/pyproject.toml conf/constraints.txt
 	# The AMQP 1.0 reference client (tests/amqp10_client/test_interop.py, benchmarks): built from its sdist, which
 	# needs a C compiler, so here and not in the test extras every venv installs.
 	$(PY) -m pip install --quiet -c conf/constraints.txt python-qpid-proton
+	$(PY) tools/pyspark_bytecode.py
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -98,6 +116,7 @@ wheel: $(WHEEL) $(BROKER_WHEEL)
 	$(or $(PYTHON_$*),$(PYTHON)) -m venv .venv-pyspark$*
 	.venv-pyspark$*/bin/python -m pip install --quiet --upgrade pip
 	.venv-pyspark$*/bin/python -m pip install --quiet -c $< "pyspark[connect]" pika pytest pytest-timeout pytest-xdist pytest-rerunfailures
+	.venv-pyspark$*/bin/python tools/pyspark_bytecode.py
 	touch $@
 
 # Stamps, not intermediates: make must not delete them (and rebuild the venv) after a run.
@@ -153,35 +172,43 @@ $(INTEROP_CLASS): tests/java/StreamInterop.java $(STREAMCLIENT_STAMP)
 
 streamclient: $(STREAMCLIENT_CLASS) $(INTEROP_CLASS)
 
+$(CDS_MAIN): $(STAMP) tools/jvm_archive.py
+	$(call jvm_archive,$(PY))
+
+$(CDS_DELTA): $(DELTA_VENV)/.wheel $(JARS_STAMP) tools/jvm_archive.py
+	$(call jvm_archive,$(DELTA_PY))
+
 ## Run the test suite: the embedded broker always; real RabbitMQ too when AMQP_TEST_BROKERS (or
 ## AMQP_TEST_URL) is set. The tests without Spark run in TEST_WORKERS processes, then the Spark
 ## tests in one (they share one SparkSession) on the pinned PySpark, then the tests that need
 ## Delta on the Delta line's venv.
-# The tests that need Delta run beside those without Spark, which mostly wait on brokers (the Delta tests' output
-# follows theirs): on two cores the pair took about 300 s less than one after the other. No test without Spark
-# touches what a Delta test uses but its broker's load: they drop only their own connections, and the Artemis tests
-# take turns with the Delta one (tests/locks.py). The Spark tests of production's faults (marker `faults`:
-# failovers, a silent network, a partition, a load balancer, a node lost, executors lost, stream-sink jobs killed),
-# which mostly wait on their faults, start once the tests without Spark are over (the cluster is theirs then:
-# tests/cluster takes the same lock), beside the rest of the Delta tests and then beside the other Spark tests.
-# .cache/test-phase1.done tells .ci/run that the Delta tests are over. Each lane writes its tests' durations to
-# .cache/junit-LANE.xml.
-test: $(STAMP) $(JARS_STAMP) $(DELTA_VENV)/.wheel $(INTEROP_CLASS)
+# Three lanes start at once: the tests without Spark (which mostly wait on brokers), the tests that need Delta (their
+# output follows), and the Spark tests of production's faults (marker `faults`: failovers, a silent network, a
+# partition, a load balancer, a node lost, executors lost, stream-sink jobs killed). The fault tests come first
+# because they are the longest chain: they take turns on the one cluster (tests/cluster takes the same lock), and
+# each waits out its faults, about 25 minutes in all. No test without Spark touches what a Delta test uses but its
+# broker's load: they drop only their own connections, and the Artemis tests take turns with the Delta one
+# (tests/locks.py). The other Spark tests start once those without Spark are over; .cache/test-phase1.done tells
+# .ci/run that the Delta ones are over too. A lane that fails stops the fault tests (SIGTERM: their fixtures undo
+# their faults). Each lane writes its tests' durations to .cache/junit-LANE.xml.
+test: $(STAMP) $(JARS_STAMP) $(DELTA_VENV)/.wheel $(INTEROP_CLASS) $(CDS_MAIN) $(CDS_DELTA)
 	@mkdir -p .cache
 	@rm -f .cache/test-phase1.done
 	export JAVA_TOOL_OPTIONS="$(TEST_JVM)"; \
-	$(call lane,delta) $(DELTA_PY) -m pytest -m "spark and delta" --durations=5 --junitxml=.cache/junit-delta.xml $(PYTEST_ARGS) >.cache/test-delta.log 2>&1 & delta=$$!; \
-	trap 'kill $$delta $$faults 2>/dev/null' INT TERM; \
+	JAVA_TOOL_OPTIONS="$(call test_jvm,$(CDS_DELTA))" $(call lane,delta) $(DELTA_PY) -m pytest -m "spark and delta" --durations=5 --junitxml=.cache/junit-delta.xml $(PYTEST_ARGS) >.cache/test-delta.log 2>&1 & delta=$$!; \
+	JAVA_TOOL_OPTIONS="$(call test_jvm,$(CDS_MAIN))" $(call lane,faults) $(PY) -m pytest -m "spark and faults" --durations=10 -rP --junitxml=.cache/junit-faults.xml $(PYTEST_ARGS) >.cache/test-faults.log 2>&1 & faults=$$!; \
+	spark=; trap 'kill $$delta $$faults $$spark 2>/dev/null' INT TERM; \
 	$(call lane,plain) $(PY) -m pytest -m "not spark" -n $(TEST_WORKERS) --junitxml=.cache/junit-plain.xml $(PYTEST_ARGS); plain=$$?; \
-	faults=; if [ $$plain -eq 0 ]; then $(call lane,faults) $(PY) -m pytest -m "spark and faults" --durations=10 -rP --junitxml=.cache/junit-faults.xml $(PYTEST_ARGS) >.cache/test-faults.log 2>&1 & faults=$$!; fi; \
+	if [ $$plain -eq 0 ]; then JAVA_TOOL_OPTIONS="$(call test_jvm,$(CDS_MAIN))" $(call lane,spark) $(PY) -m pytest -m "spark and not delta and not faults" --durations=15 --junitxml=.cache/junit-spark.xml $(PYTEST_ARGS) >.cache/test-spark.log 2>&1 & spark=$$!; fi; \
 	wait $$delta; delta_rc=$$?; \
 	echo "::: the tests that need Delta (PySpark $(DELTA_LINE)), run beside those without Spark:"; cat .cache/test-delta.log; \
-	if [ $$plain -ne 0 ] || [ $$delta_rc -ne 0 ]; then [ -z "$$faults" ] || kill $$faults; exit 1; fi; \
+	if [ $$plain -ne 0 ] || [ $$delta_rc -ne 0 ]; then kill $$faults $$spark 2>/dev/null; wait; exit 1; fi; \
 	touch .cache/test-phase1.done; \
-	$(call lane,spark) $(PY) -m pytest -m "spark and not delta and not faults" --durations=15 --junitxml=.cache/junit-spark.xml $(PYTEST_ARGS); spark=$$?; \
+	wait $$spark; spark_rc=$$?; \
+	echo "::: the other Spark tests (PySpark pinned), from the end of those without Spark on:"; cat .cache/test-spark.log; \
 	wait $$faults; faults_rc=$$?; \
-	echo "::: the Spark tests of production's faults, run beside the other Spark tests:"; cat .cache/test-faults.log; \
-	[ $$spark -eq 0 ] && [ $$faults_rc -eq 0 ]
+	echo "::: the Spark tests of production's faults, run beside the others:"; cat .cache/test-faults.log; \
+	[ $$spark_rc -eq 0 ] && [ $$faults_rc -eq 0 ]
 
 ## RabbitMQ 3.10, 4.0 and 4.3 side by side (and a 4.3 that denies a deprecated feature), installed and
 ## started; then: export AMQP_TEST_BROKERS="$$(tools/rabbitmq urls)" AMQP_TEST_DENYING_URL="$$(tools/rabbitmq url 4.3-deny)"
@@ -213,7 +240,7 @@ test-matrix: $(PYSPARK_LINES:%=test-pyspark%)
 ## CPython 3.13 (tools/python3.13: Debian 13's, in a chroot; the checkout is bind-mounted at the same path).
 $(PY313_VENV)/.installed: pyproject.toml broker/pyproject.toml conf/constraints-pyspark$(PY313_LINE).txt tools/python3.13
 	tools/python3.13 install
-	tools/python3.13 run "rm -rf $(PY313_VENV) && python3.13 -m venv $(PY313_VENV) && $(PY313_VENV)/bin/python -m pip install --quiet --upgrade pip && $(PY313_VENV)/bin/python -m pip install --quiet -c conf/constraints-pyspark$(PY313_LINE).txt -e '.[test]' -e ./broker"
+	tools/python3.13 run "rm -rf $(PY313_VENV) && python3.13 -m venv $(PY313_VENV) && $(PY313_VENV)/bin/python -m pip install --quiet --upgrade pip && $(PY313_VENV)/bin/python -m pip install --quiet -c conf/constraints-pyspark$(PY313_LINE).txt -e '.[test]' -e ./broker && $(PY313_VENV)/bin/python tools/pyspark_bytecode.py"
 	touch $@
 
 ## The tests without Spark and the Spark tests of every mode's source and sink (SPARK_MODE_TESTS) on PySpark

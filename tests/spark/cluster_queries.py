@@ -22,6 +22,10 @@ import pytest
 from ..cluster.conftest import Cluster, cluster_lock, find_cluster, silent_network_possible
 
 N = 2000
+# Batches of BATCH rows every TRIGGER: N rows flow for about 80 s, across a test's faults. A fault test's CPU goes
+# mostly per batch (the driver's micro-batch, a Python worker's task), and CI's lanes share two cores: 100 rows every
+# 4 s took a third more CPU (the load-balancer test alone: 176 s of CPU against 136 s, measured here).
+TRIGGER, BATCH = "8 seconds", 200
 SPARK_WORKER_START = "failed to connect back"  # Spark's error when a Python worker it started missed its 10 s
 SINK_OPTIONS = ("connectionTimeout", "brokerOutageTimeout", "heartbeat")  # of the options common to a test's queries
 
@@ -90,19 +94,21 @@ def batches_within(progresses: list[Any], window: tuple[float, float]) -> int:
 
 
 class Queries:
-    """Streaming queries of one test, each named: reads into Parquet files, and sinks fed by N rows of JSON files (one
-    file a trigger) whose ids are ``k0`` to ``k{N-1}``."""
+    """Streaming queries of one test, each named: reads into Parquet files (BATCH messages a trigger unless
+    ``maxMessagesPerTrigger`` says otherwise), and sinks fed by N rows of JSON files (one file of BATCH rows a
+    trigger) whose ids are ``k0`` to ``k{N-1}``."""
 
-    def __init__(self, spark: Any, tmp_path: Path, tag: str, trigger: str, **common: str) -> None:
-        self.spark, self.tmp_path, self.tag, self.trigger, self.common = spark, tmp_path, tag, trigger, common
+    def __init__(self, spark: Any, tmp_path: Path, tag: str, trigger: str = TRIGGER, **common: str) -> None:
+        self.spark, self.tmp_path, self.tag, self.trigger = spark, tmp_path, tag, trigger
+        self.common = {"maxMessagesPerTrigger": str(BATCH), **common}
         self.running: dict[str, Any] = {}
         self.restarts: collections.Counter[str] = collections.Counter()
         self._writers: dict[str, Any] = {}
         self._before: dict[str, list[Any]] = collections.defaultdict(list)  # progress of a restarted query's runs
         self.rows = tmp_path / "rows"
         self.rows.mkdir()
-        for f in range(N // 100):
-            lines = (json.dumps({"body": f"k{f * 100 + i}", "message_id": f"k{f * 100 + i}"}) + "\n" for i in range(100))
+        for f in range(N // BATCH):
+            lines = (json.dumps({"body": f"k{f * BATCH + i}", "message_id": f"k{f * BATCH + i}"}) + "\n" for i in range(BATCH))
             (self.rows / f"{f}.json").write_text("".join(lines))
 
     def read(self, name: str, uri: str, **options: str) -> Any:

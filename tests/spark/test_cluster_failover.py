@@ -26,9 +26,6 @@ from .triggers import PYSPARK_LINE
 
 pytestmark = [pytest.mark.spark, pytest.mark.pinned, pytest.mark.faults, pytest.mark.timeout(900)]
 
-BATCH = "100"  # 20 batches every 4 s: the reads span the whole sequence of faults (about 70 s)
-TRIGGER = "4 seconds"
-
 
 @pytest.fixture
 def cluster() -> Iterator[Cluster]:
@@ -84,7 +81,7 @@ def test_queries_and_sinks_go_on_through_failovers_a_drain_and_a_rolling_restart
     )
     # Every batch's progress is kept (Spark keeps 100): the fault windows are checked against them at the end.
     spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "2000")
-    run = Queries(spark, tmp_path, tag, TRIGGER, connectionTimeout="5", brokerOutageTimeout="90s", maxMessagesPerTrigger=BATCH)
+    run = Queries(spark, tmp_path, tag, connectionTimeout="5", brokerOutageTimeout="90s")
     run.read("queue", cluster.url, queue=q, journalLocation=str(tmp_path / "journal"))
     run.read("stream over the stream protocol", cluster.stream_url or "", stream=s)
     run.read("stream over AMQP 0-9-1", cluster.url, stream=s)

@@ -67,8 +67,7 @@ def test_every_mode_through_haproxy_restarted_and_without_a_node(spark, cluster:
     amqp, stream = _haproxy("url"), _haproxy("stream-url")
     spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "2000")
     run = Queries(
-        spark, tmp_path, modes.tag, "4 seconds", heartbeat="10", connectionTimeout="5", brokerOutageTimeout=f"{DEADLINE}s",
-        maxMessagesPerTrigger="100",
+        spark, tmp_path, modes.tag, heartbeat="10", connectionTimeout="5", brokerOutageTimeout=f"{DEADLINE}s",
     )  # fmt: skip
     faults = BalancerFaults()
     try:

@@ -58,8 +58,7 @@ def test_every_mode_while_a_node_is_lost_for_good_and_replaced(spark, cluster: C
     request.addfinalizer(modes.delete)
     spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "2000")
     run = Queries(
-        spark, tmp_path, modes.tag, "4 seconds", heartbeat="10", connectionTimeout="5", brokerOutageTimeout=f"{DEADLINE}s",
-        maxMessagesPerTrigger="100",
+        spark, tmp_path, modes.tag, heartbeat="10", connectionTimeout="5", brokerOutageTimeout=f"{DEADLINE}s",
     )  # fmt: skip
     lost = NodeLost((modes.s, modes.out_s))
     try:

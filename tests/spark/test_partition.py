@@ -52,8 +52,7 @@ def test_every_mode_on_either_side_of_a_partition(spark, cluster: Cluster, tmp_p
     c3_stream = with_hosts(cluster.stream_url or "", [f"127.0.0.1:{c3.stream_port}"])
     spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "2000")
     run = Queries(
-        spark, tmp_path, tag, "4 seconds", heartbeat="10", connectionTimeout="5", brokerOutageTimeout=f"{DEADLINE}s",
-        maxMessagesPerTrigger="100",
+        spark, tmp_path, tag, heartbeat="10", connectionTimeout="5", brokerOutageTimeout=f"{DEADLINE}s",
     )  # fmt: skip
     windows: dict[str, dict[str, tuple[float, float]]] = {}
 

@@ -64,8 +64,7 @@ def test_every_mode_through_a_silent_node(spark, cluster: Cluster, tmp_path: Pat
     c1_only = with_hosts(cluster.url, [f"127.0.0.1:{cluster.node('c1').port}"])
     spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "2000")
     run = Queries(
-        spark, tmp_path, modes.tag, "4 seconds", heartbeat=str(HEARTBEAT), connectionTimeout="5", brokerOutageTimeout=f"{DEADLINE}s",
-        maxMessagesPerTrigger="100",
+        spark, tmp_path, modes.tag, heartbeat=str(HEARTBEAT), connectionTimeout="5", brokerOutageTimeout=f"{DEADLINE}s",
     )  # fmt: skip
     silences = Silences(cluster)
     ended: dict[str, float] = {}
