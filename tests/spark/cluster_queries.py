@@ -94,21 +94,21 @@ def batches_within(progresses: list[Any], window: tuple[float, float]) -> int:
 
 
 class Queries:
-    """Streaming queries of one test, each named: reads into Parquet files (BATCH messages a trigger unless
-    ``maxMessagesPerTrigger`` says otherwise), and sinks fed by N rows of JSON files (one file of BATCH rows a
-    trigger) whose ids are ``k0`` to ``k{N-1}``."""
+    """Streaming queries of one test, each named, every ``trigger``: reads into Parquet files (``batch`` messages a
+    trigger unless ``maxMessagesPerTrigger`` says otherwise), and sinks fed by N rows of JSON files (one file of
+    ``batch`` rows a trigger) whose ids are ``k0`` to ``k{N-1}``."""
 
-    def __init__(self, spark: Any, tmp_path: Path, tag: str, trigger: str = TRIGGER, **common: str) -> None:
+    def __init__(self, spark: Any, tmp_path: Path, tag: str, trigger: str = TRIGGER, batch: int = BATCH, **common: str) -> None:
         self.spark, self.tmp_path, self.tag, self.trigger = spark, tmp_path, tag, trigger
-        self.common = {"maxMessagesPerTrigger": str(BATCH), **common}
+        self.common = {"maxMessagesPerTrigger": str(batch), **common}
         self.running: dict[str, Any] = {}
         self.restarts: collections.Counter[str] = collections.Counter()
         self._writers: dict[str, Any] = {}
         self._before: dict[str, list[Any]] = collections.defaultdict(list)  # progress of a restarted query's runs
         self.rows = tmp_path / "rows"
         self.rows.mkdir()
-        for f in range(N // BATCH):
-            lines = (json.dumps({"body": f"k{f * BATCH + i}", "message_id": f"k{f * BATCH + i}"}) + "\n" for i in range(BATCH))
+        for f in range(N // batch):
+            lines = (json.dumps({"body": f"k{f * batch + i}", "message_id": f"k{f * batch + i}"}) + "\n" for i in range(batch))
             (self.rows / f"{f}.json").write_text("".join(lines))
 
     def read(self, name: str, uri: str, **options: str) -> Any:

@@ -81,7 +81,9 @@ def test_queries_and_sinks_go_on_through_failovers_a_drain_and_a_rolling_restart
     )
     # Every batch's progress is kept (Spark keeps 100): the fault windows are checked against them at the end.
     spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "2000")
-    run = Queries(spark, tmp_path, tag, connectionTimeout="5", brokerOutageTimeout="90s")
+    # Batches of 100 every 4 s (the other fault tests make 200 every 8 s): the outages here are 6-12 s, and the test
+    # counts the batches each query made while c1 was down.
+    run = Queries(spark, tmp_path, tag, "4 seconds", 100, connectionTimeout="5", brokerOutageTimeout="90s")
     run.read("queue", cluster.url, queue=q, journalLocation=str(tmp_path / "journal"))
     run.read("stream over the stream protocol", cluster.stream_url or "", stream=s)
     run.read("stream over AMQP 0-9-1", cluster.url, stream=s)
