@@ -40,7 +40,9 @@ def publish10(url: str, table: dict[str, Any], **options: str) -> Any:
 def _consume(url: str, queue: str, n: int) -> list[tuple[Any, Any, bytes]]:
     conn = pika.BlockingConnection(pika.URLParameters(url))
     ch = conn.channel()
-    got = consume_n(conn, ch, queue, n, auto_ack=True)
+    # Returns once n arrived; the time allowed is for a loaded machine (20,000 from the embedded broker took more
+    # than 10 s in a CI lane).
+    got = consume_n(conn, ch, queue, n, timeout=90, auto_ack=True)
     conn.close()
     return got
 
