@@ -179,9 +179,9 @@ $(CDS_DELTA): $(DELTA_VENV)/.wheel $(JARS_STAMP) tools/jvm_archive.py
 	$(call jvm_archive,$(DELTA_PY))
 
 ## Run the test suite: the embedded broker always; real RabbitMQ too when AMQP_TEST_BROKERS (or
-## AMQP_TEST_URL) is set. The tests without Spark run in TEST_WORKERS processes, then the Spark
-## tests in one (they share one SparkSession) on the pinned PySpark, then the tests that need
-## Delta on the Delta line's venv.
+## AMQP_TEST_URL) is set. The tests without Spark (in TEST_WORKERS processes), those that need Delta
+## (on the Delta line's venv) and the fault tests run at once; then the other Spark tests in one
+## process (they share one SparkSession) on the pinned PySpark.
 # Three lanes start at once: the tests without Spark (which mostly wait on brokers), the tests that need Delta (their
 # output follows), and the Spark tests of production's faults (marker `faults`: failovers, a silent network, a
 # partition, a load balancer, a node lost, executors lost, stream-sink jobs killed). The fault tests come first
