@@ -81,7 +81,7 @@ STREAMCLIENT_STAMP := $(STREAMCLIENT_DIR)/.stamp
 STREAMCLIENT_CLASS := $(STREAMCLIENT_DIR)/classes/StreamConsume.class
 INTEROP_CLASS := $(STREAMCLIENT_DIR)/classes/StreamInterop.class
 
-.PHONY: install jars perftest streamclient wheel test test-matrix $(PYSPARK_LINES:%=test-pyspark%) test-python3.13 lint demo bench broker rabbitmq soak clean
+.PHONY: install jars perftest streamclient wheel jvm-archives test test-matrix $(PYSPARK_LINES:%=test-pyspark%) test-python3.13 lint demo bench broker rabbitmq soak clean
 
 $(STAMP): pyproject.toml broker/pyproject.toml conf/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -177,6 +177,9 @@ $(CDS_MAIN): $(STAMP) tools/jvm_archive.py
 
 $(CDS_DELTA): $(DELTA_VENV)/.wheel $(JARS_STAMP) tools/jvm_archive.py
 	$(call jvm_archive,$(DELTA_PY))
+
+## The tests' class-data-sharing archives (make test builds them; CI beside lint).
+jvm-archives: $(CDS_MAIN) $(CDS_DELTA)
 
 ## Run the test suite: the embedded broker always; real RabbitMQ too when AMQP_TEST_BROKERS (or
 ## AMQP_TEST_URL) is set. The tests without Spark run in TEST_WORKERS processes, beside those that
