@@ -4,7 +4,8 @@ Deliveries go into each channel's ``SessionLedger`` and, unless they are a
 redelivered copy of a message a batch already holds (``RedeliveryFilter``),
 into the buffer a batch is taken from. A channel that ended takes its unplanned
 deliveries with it (they come back redelivered) and leaves its owned ones to the
-filter. Redeliveries that a quorum queue counts towards its delivery-limit
+filter. With a journal, a redelivery on a live channel is also looked up among
+what the live channels delivered (``LiveCopies``). Redeliveries that a quorum queue counts towards its delivery-limit
 (``x-delivery-count``, stamped from the first return on) are reported: the
 runtime journals them at once, or, without a journal, fails before the broker
 can drop them.
@@ -16,8 +17,9 @@ import logging
 from collections import deque
 from typing import Any
 
+from .copies import LiveCopies
 from .inbox import AckConfirmed, Delivery, SessionClosed
-from .ledger import APART, SINGLE, Entry, RedeliveryFilter, SessionLedger
+from .ledger import APART, SINGLE, SUPERSEDED, UNPLANNED, Entry, RedeliveryFilter, SessionLedger
 
 log = logging.getLogger("spark_amqp.queues")
 
@@ -33,11 +35,14 @@ def returns(delivery: Delivery) -> int:
 
 
 class Intake:
-    def __init__(self, redelivery: RedeliveryFilter) -> None:
+    def __init__(self, redelivery: RedeliveryFilter, window: int = 0) -> None:
+        """``window``: with a journal, the prefetch: how many proven acks of a channel a live copy may repeat."""
         self.buffer: deque[Entry] = deque()  # deliveries no batch holds yet, in arrival order
         self.ledgers: dict[str, SessionLedger] = {}
         self.dead_sessions: set[str] = set()
         self.filter = redelivery
+        self.window = window
+        self.live_copies = LiveCopies(redelivery.by, window) if window else None
         self.copies_dropped = 0
         self.sessions_lost = 0
         self.most_returns: dict[str, int] = {}  # queue -> highest x-delivery-count seen (the progress shows it)
@@ -50,7 +55,9 @@ class Intake:
         buffer = self.buffer
         ledgers = self.ledgers
         filt = self.filter
+        live = self.live_copies
         returned: list[Entry] = []
+        superseded: set[Entry] = set()
         proven = False
         while inbox:
             item = inbox.popleft()
@@ -60,11 +67,20 @@ class Intake:
                 if ledger is None:
                     if sid in self.dead_sessions:
                         continue
-                    ledger = ledgers[sid] = SessionLedger()
+                    ledger = ledgers[sid] = SessionLedger(self.window)
                 entry = Entry(item.tag, item)
                 ledger.add(entry)
                 if item.redelivered or (unmarked and filt.expecting):
                     owner = filt.match(item)
+                    if owner is None and live is not None and item.redelivered:
+                        original = live.original(entry, ledgers.values())
+                        if original is not None and original.owner == UNPLANNED:
+                            self.claim([original], SUPERSEDED)  # the copy takes its place in the buffer
+                            superseded.add(original)
+                        elif original is not None:
+                            owner = original.owner
+                    if live is not None:
+                        live.noted(entry)
                     if owner is not None:
                         ledger.claim(entry, owner)
                         self.copies_dropped += 1
@@ -74,6 +90,8 @@ class Intake:
                         if count > self.most_returns.get(item.queue, 0):
                             self.most_returns[item.queue] = count
                         returned.append(entry)
+                elif live is not None:
+                    live.noted(entry)
                 buffer.append(entry)
             elif isinstance(item, SessionClosed):
                 self._session_closed(item)
@@ -86,12 +104,18 @@ class Intake:
                 if ledger is not None:
                     ledger.confirmed(item.round)
                     proven = True
+        if superseded:
+            self.keep_only(lambda e: e not in superseded)
+            returned = [e for e in returned if e not in superseded]
+            self.copies_dropped += len(superseded)
         filt.expire()
         return returned, proven
 
     def _session_closed(self, event: SessionClosed) -> None:
         self.sessions_lost += 1
         self.dead_sessions.add(event.session)
+        if self.live_copies is not None:
+            self.live_copies.reset()
         ledger = self.ledgers.pop(event.session, None)
         # Unplanned deliveries of the dead channel come back as redeliveries.
         unplanned = [e for e in self.buffer if e.delivery.session == event.session]

@@ -15,7 +15,10 @@ sent after that round, proves the broker processed it.
 When a channel dies, every delivery of it that a batch owns (planned, or
 acked with the ack not yet proven) is remembered in ``RedeliveryFilter``: the
 broker will redeliver it on a new channel, and that copy is acknowledged with
-its owner instead of being emitted again.
+its owner instead of being emitted again. With a journal, the channel's last
+proven acks (``recent``, at most a prefetch window of them) are remembered too:
+a proven ack is one the channel took, not one a quorum queue applied (see
+``copies``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from .inbox import Delivery
 
 UNPLANNED = -1
 APART = -2  # settled on its own outside any batch (dead-lettered): holds no ack frontier back
+SUPERSEDED = -3  # the broker sent its message again (``copies``): acked with the frontier, which the broker ignores
 PENDING, MULTI, SINGLE = 0, 1, 2  # Entry.acked: not yet, by the frontier's multi-ack, on its own
 
 
@@ -53,9 +57,10 @@ class Acks(NamedTuple):
 
 
 class SessionLedger:
-    def __init__(self) -> None:
+    def __init__(self, window: int = 0) -> None:
         self.unacked: deque[Entry] = deque()  # in tag order, up to and beyond the frontier
         self.acked: deque[Entry] = deque()  # ack sent, not yet proven; in round order
+        self.recent: deque[Entry] = deque(maxlen=window)  # the last ``window`` proven, in proof order
         self.rounds = 0
         self._claimed = False  # an entry behind the frontier got an owner since the last round
 
@@ -98,9 +103,11 @@ class SessionLedger:
 
     def confirmed(self, ack_round: int) -> None:
         """The broker processed every round up to ``ack_round``."""
-        acked = self.acked
+        acked, recent = self.acked, self.recent
         while acked and acked[0].round <= ack_round:
-            acked.popleft()
+            entry = acked.popleft()
+            if recent.maxlen:
+                recent.append(entry)
 
     def settled(self, committed: int) -> bool:
         """Every committed delivery is acked and the broker has proven it."""
@@ -116,6 +123,7 @@ class SessionLedger:
 
     def owned(self) -> Iterator[Entry]:
         """Entries a batch owns that the broker may still redeliver."""
+        yield from self.recent
         yield from self.acked
         for entry in self.unacked:
             if entry.owner != UNPLANNED and not entry.acked:

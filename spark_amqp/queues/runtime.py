@@ -68,7 +68,7 @@ class SourceRuntime:
         self.session: ConsumerSession | Amqp10Session | None = None
         journal = options.journal
         self.filter = RedeliveryFilter(journal.retention if journal else DEFAULT_JOURNAL_RETENTION, options.dedupe_by)
-        self.intake = Intake(self.filter)
+        self.intake = Intake(self.filter, options.prefetch if journal else 0)
         self.journalled = JournalledBatches(journal, options.queues, self.filter) if journal else None
         self.recovered = journal is None  # journal read back and matched to Spark's offsets
         self.planned: dict[str, PlannedBatch] = {}  # by end key, until committed

@@ -4,14 +4,17 @@ through c1 is confirmed, and once healed c3 follows the new leader. No Spark her
 
 from __future__ import annotations
 
+import collections
 import json
 import uuid
+from pathlib import Path
 
 import pika
 import pytest
 
 from ..broker.helpers import wait_for
-from .conftest import Cluster, _tool, silent_network_possible
+from ..queues.driver import MicroBatchDriver
+from .conftest import Cluster, _tool, silent_network_possible, with_hosts
 
 
 @pytest.fixture(autouse=True)
@@ -49,5 +52,61 @@ def test_a_node_cut_off_from_its_peers_still_serves_its_clients_while_the_majori
             assert still.channel().is_open
             still.close()
         assert wait_for(lambda: _states(queue).get("c3") == "follower", timeout=120, interval=1), _states(queue)
+    finally:
+        cluster.delete(queue)
+
+
+def _depth(queue: str) -> tuple[int, int]:
+    """(ready, unacked) of ``queue`` as the majority's leader counts them."""
+    out = _tool("cli", "c1", "rabbitmqctl", "list_queues", "-q", "--no-table-headers", "name", "messages_ready", "messages_unacknowledged")
+    for line in out.splitlines():
+        name, ready, unacked = line.split()
+        if name == queue:
+            return int(ready), int(unacked)
+    raise AssertionError(f"{queue} not listed: {out}")
+
+
+def test_a_journalled_reader_on_the_cut_off_node_reads_each_message_once_though_the_queue_sends_its_acked_ones_again(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """The majority takes the consumer on c3 for gone and, after the queue's consumer-disconnected timeout (60 s by
+    default, 5 s here), returns what was checked out to it, acks it never applied included; after the heal the same
+    channel gets those again, marked redelivered (``spark_amqp.queues.copies``). Each is dropped as a copy or takes its
+    buffered original's place: every id once, nothing left in the queue."""
+    queue, n = f"partition.j.{uuid.uuid4().hex[:8]}", 400
+    conn = _connect(cluster, "c3")
+    ch = conn.channel()
+    arguments = {"x-queue-type": "quorum", "x-queue-leader-locator": "client-local", "x-consumer-disconnected-timeout": 5000}
+    ch.queue_declare(queue, durable=True, arguments=arguments)
+    ch.confirm_delivery()
+    for i in range(n):
+        ch.basic_publish("", queue, b"m", pika.BasicProperties(message_id=f"m{i}", delivery_mode=2))
+    conn.close()
+    c3_only = with_hosts(cluster.url, [f"127.0.0.1:{cluster.node('c3').port}"])
+    driver = MicroBatchDriver(c3_only, queue, journalLocation=tmp_path / "journal", maxMessagesPerTrigger=50, prefetch=100)
+    try:
+        driver.drain(100)
+        # Acked and proven, and the next deliveries in: the queue has a full prefetch window checked out to us.
+        driver.idle_until(
+            lambda: len(driver.runtime.buffer) >= 50 and all(not led.acked for led in driver.runtime.ledgers.values()), timeout=60
+        )
+        assert wait_for(lambda: _depth(queue) == (n - 200, 100), timeout=60, interval=0.5), _depth(queue)
+        with cluster.partitioned("c3"):
+            assert wait_for(lambda: "leader" in (_states(queue).get("c1"), _states(queue).get("c2")), timeout=90, interval=1)
+            # The new leader returned what c3's consumer had: nothing checked out any more.
+            assert wait_for(lambda: _depth(queue)[1] == 0, timeout=90, interval=1), _depth(queue)
+            planned = driver.plan()  # from the buffer: journalled and acked through c3, which applies nothing now
+            assert planned is not None
+            driver.run_batch(*planned)
+        rows = driver.drain(n, timeout=180)
+        ids = collections.Counter(r["message_id"] for r in rows)
+        assert sorted(ids) == sorted(f"m{i}" for i in range(n)), len(ids)
+        assert max(ids.values()) == 1, [k for k, c in ids.items() if c > 1][:10]
+        assert driver.runtime.intake.copies_dropped > 0, "the queue sent nothing again: the test proves nothing"
+        driver.idle_until(lambda: all(led.settled(driver.runtime.committed_seq) for led in driver.runtime.ledgers.values()), timeout=60)
+    finally:
+        driver.close()
+    try:
+        assert wait_for(lambda: _depth(queue) == (0, 0), timeout=60, interval=1), _depth(queue)  # every tag acked
     finally:
         cluster.delete(queue)
