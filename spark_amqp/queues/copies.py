@@ -21,10 +21,10 @@ stop, so a reader that sees none pays nothing. Only first deliveries are looked
 up: after a crash every delivery of the new channel is redelivered, and two
 identical messages among them (no message id) are two messages, not a copy. So
 a message the queue returns twice this way (two long partitions while it sits in
-the buffer) comes out twice. Only with a journal: there the
-consumer is exclusive, so a redelivery on a live channel can only be such a
-copy, whereas without one another application sharing the queue may return a
-message whose content equals one this reader acked.
+the buffer) comes out twice. Only with a journal: there the consumer is
+exclusive, so a redelivery on a live channel can only be such a copy, whereas
+without one another application sharing the queue may return a message whose
+content equals one this reader acked.
 """
 
 from __future__ import annotations

@@ -5,10 +5,10 @@ redelivered copy of a message a batch already holds (``RedeliveryFilter``),
 into the buffer a batch is taken from. A channel that ended takes its unplanned
 deliveries with it (they come back redelivered) and leaves its owned ones to the
 filter. With a journal, a redelivery on a live channel is also looked up among
-what the live channels delivered (``LiveCopies``). Redeliveries that a quorum queue counts towards its delivery-limit
-(``x-delivery-count``, stamped from the first return on) are reported: the
-runtime journals them at once, or, without a journal, fails before the broker
-can drop them.
+what the live channels delivered (``LiveCopies``). Redeliveries that a quorum
+queue counts towards its delivery-limit (``x-delivery-count``, stamped from the
+first return on) are reported: the runtime journals them at once, or, without a
+journal, fails before the broker can drop them.
 """
 
 from __future__ import annotations
