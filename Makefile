@@ -194,8 +194,8 @@ jvm-archives: $(CDS_MAIN) $(CDS_DELTA)
 # tests/cluster takes the same lock), beside the rest of the Delta tests and then beside the other Spark tests.
 # (Started with the others, as the longest chain: a cluster test of the tests without Spark then waited more than its
 # 300 s for the cluster, and those tests took 25 min instead of 20 with the other Spark tests still to come after
-# them: docs/development.md.) .cache/test-phase1.done tells .ci/run
-# that the Delta tests are over. Each lane writes its tests' durations to .cache/junit-LANE.xml.
+# them: docs/development.md.) .cache/test-phase1.done tells .ci/run that the Delta tests are over. Each lane writes
+# its tests' durations to .cache/junit-LANE.xml.
 test: $(STAMP) $(JARS_STAMP) $(DELTA_VENV)/.wheel $(INTEROP_CLASS) $(CDS_MAIN) $(CDS_DELTA)
 	@mkdir -p .cache
 	@rm -f .cache/test-phase1.done

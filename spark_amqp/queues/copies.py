@@ -68,7 +68,8 @@ class LiveCopies:
         return original
 
     def noted(self, entry: Entry) -> None:
-        """A new delivery: indexed while redeliveries come, the index dropped when they have stopped."""
+        """A new delivery: indexed while redeliveries come (a redelivered one is no original: not indexed), the index
+        dropped when they have stopped."""
         if self._index is None:
             return
         self._since_match += 1

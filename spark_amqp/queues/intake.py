@@ -70,6 +70,8 @@ class Intake:
                     ledger = ledgers[sid] = SessionLedger(self.window)
                 entry = Entry(item.tag, item)
                 ledger.add(entry)
+                if live is not None:
+                    live.noted(entry)
                 if item.redelivered or (unmarked and filt.expecting):
                     owner = filt.match(item)
                     if owner is None and live is not None and item.redelivered:
@@ -79,8 +81,6 @@ class Intake:
                             superseded.add(original)
                         elif original is not None:
                             owner = original.owner
-                    if live is not None:
-                        live.noted(entry)
                     if owner is not None:
                         ledger.claim(entry, owner)
                         self.copies_dropped += 1
@@ -90,8 +90,6 @@ class Intake:
                         if count > self.most_returns.get(item.queue, 0):
                             self.most_returns[item.queue] = count
                         returned.append(entry)
-                elif live is not None:
-                    live.noted(entry)
                 buffer.append(entry)
             elif isinstance(item, SessionClosed):
                 self._session_closed(item)

@@ -235,7 +235,7 @@ class EveryMode:
         run.write(amqp10_sink, amqp, routingKey=self.out_q10, protocol="amqp1.0")
 
     def caught_up(self, run: Queries, failing: tuple[str, ...] = ()) -> bool:
-        """Whether every read has N ids and every sink has taken N rows (a query of ``failing`` may have failed)."""
+        """Whether every query has taken N rows by its progress (a query of ``failing`` may have failed)."""
         failed = {k: v for k, v in run.failed().items() if k not in failing}
         assert not failed, failed
         # Counted from the queries' progress, not their files: reading every query's Parquet files at each poll ran
