@@ -182,35 +182,34 @@ $(CDS_DELTA): $(DELTA_VENV)/.wheel $(JARS_STAMP) tools/jvm_archive.py
 jvm-archives: $(CDS_MAIN) $(CDS_DELTA)
 
 ## Run the test suite: the embedded broker always; real RabbitMQ too when AMQP_TEST_BROKERS (or
-## AMQP_TEST_URL) is set. The tests without Spark run in TEST_WORKERS processes, beside those that
-## need Delta (on the Delta line's venv); then the fault tests beside the other Spark tests, in one
-## process each (they share one SparkSession), on the pinned PySpark.
-# The tests that need Delta run beside those without Spark, which mostly wait on brokers (the Delta tests' output
-# follows theirs): on two cores the pair took about 300 s less than one after the other. No test without Spark
-# touches what a Delta test uses but its broker's load: they drop only their own connections, and the Artemis tests
-# take turns with the Delta one (tests/locks.py). The Spark tests of production's faults (marker `faults`:
-# failovers, a silent network, a partition, a load balancer, a node lost, executors lost, stream-sink jobs killed),
-# which mostly wait on their faults, start once the tests without Spark are over (the cluster is theirs then:
-# tests/cluster takes the same lock), beside the rest of the Delta tests and then beside the other Spark tests.
-# (Started with the others, as the longest chain: a cluster test of the tests without Spark then waited more than its
-# 300 s for the cluster, and those tests took 25 min instead of 20 with the other Spark tests still to come after
-# them: docs/development.md.) .cache/test-phase1.done tells .ci/run that the Delta tests are over. Each lane writes
-# its tests' durations to .cache/junit-LANE.xml.
+## AMQP_TEST_URL) is set. Three lanes at once: the tests without Spark in TEST_WORKERS processes, those that
+## need Delta (on the Delta line's venv), and the cluster's (the cluster tests, then the Spark tests of production's
+## faults, in one process); once the first two are over, the other Spark tests, on the pinned PySpark.
+# On two cores CI is bound by CPU, and its longest chain decides its time. The faults lane (tests/cluster, marker
+# `cluster`, then the Spark tests marked `faults`: failovers, a silent network, a partition, a load balancer, a node
+# lost, executors lost, stream-sink jobs killed) mostly waits on its faults, so it starts first, and it is the only lane
+# that touches the cluster: no test waits for the cluster's lock (tests/locks.py). (The cluster tests once ran among the
+# tests without Spark while the fault tests started beside them: one waited more than its 300 s for the lock, run
+# ci53.) The Delta tests run beside those without Spark, which mostly wait on brokers; no test without Spark touches
+# what a Delta test uses but its broker's load, and the Artemis tests take turns with the Delta one (tests/locks.py).
+# .cache/test-phase1.done tells .ci/run that the tests without Spark and the Delta tests are over (its other lanes
+# start then). Each lane writes its tests' durations to .cache/junit-LANE.xml; the Delta and faults lanes' output
+# follows.
 test: $(STAMP) $(JARS_STAMP) $(DELTA_VENV)/.wheel $(INTEROP_CLASS) $(CDS_MAIN) $(CDS_DELTA)
 	@mkdir -p .cache
 	@rm -f .cache/test-phase1.done
 	export JAVA_TOOL_OPTIONS="$(TEST_JVM)"; \
+	JAVA_TOOL_OPTIONS="$(call test_jvm,$(CDS_MAIN))" $(call lane,faults) $(PY) -m pytest -m "cluster or faults" --durations=10 -rP --junitxml=.cache/junit-faults.xml $(PYTEST_ARGS) >.cache/test-faults.log 2>&1 & faults=$$!; \
 	JAVA_TOOL_OPTIONS="$(call test_jvm,$(CDS_DELTA))" $(call lane,delta) $(DELTA_PY) -m pytest -m "spark and delta" --durations=5 --junitxml=.cache/junit-delta.xml $(PYTEST_ARGS) >.cache/test-delta.log 2>&1 & delta=$$!; \
 	trap 'kill $$delta $$faults 2>/dev/null' INT TERM; \
-	$(call lane,plain) $(PY) -m pytest -m "not spark" -n $(TEST_WORKERS) --junitxml=.cache/junit-plain.xml $(PYTEST_ARGS); plain=$$?; \
-	faults=; if [ $$plain -eq 0 ]; then JAVA_TOOL_OPTIONS="$(call test_jvm,$(CDS_MAIN))" $(call lane,faults) $(PY) -m pytest -m "spark and faults" --durations=10 -rP --junitxml=.cache/junit-faults.xml $(PYTEST_ARGS) >.cache/test-faults.log 2>&1 & faults=$$!; fi; \
+	$(call lane,plain) $(PY) -m pytest -m "not spark and not cluster" -n $(TEST_WORKERS) --junitxml=.cache/junit-plain.xml $(PYTEST_ARGS); plain=$$?; \
 	wait $$delta; delta_rc=$$?; \
 	echo "::: the tests that need Delta (PySpark $(DELTA_LINE)), run beside those without Spark:"; cat .cache/test-delta.log; \
-	if [ $$plain -ne 0 ] || [ $$delta_rc -ne 0 ]; then [ -z "$$faults" ] || kill $$faults; exit 1; fi; \
+	if [ $$plain -ne 0 ] || [ $$delta_rc -ne 0 ]; then kill $$faults; exit 1; fi; \
 	touch .cache/test-phase1.done; \
 	JAVA_TOOL_OPTIONS="$(call test_jvm,$(CDS_MAIN))" $(call lane,spark) $(PY) -m pytest -m "spark and not delta and not faults" --durations=15 --junitxml=.cache/junit-spark.xml $(PYTEST_ARGS); spark=$$?; \
 	wait $$faults; faults_rc=$$?; \
-	echo "::: the Spark tests of production's faults, run beside the other Spark tests:"; cat .cache/test-faults.log; \
+	echo "::: the cluster tests and the Spark tests of production's faults, run beside the others:"; cat .cache/test-faults.log; \
 	[ $$spark -eq 0 ] && [ $$faults_rc -eq 0 ]
 
 ## RabbitMQ 3.10, 4.0 and 4.3 side by side (and a 4.3 that denies a deprecated feature), installed and

@@ -29,6 +29,9 @@ from spark_amqp.transport.options import ConnectionOptions, parse_connection
 from ..conftest import Listed
 from .conftest import Cluster, hosts_of, with_hosts
 
+# The fault lane's (make test): no other lane touches the cluster.
+pytestmark = pytest.mark.cluster
+
 KNOWN = {k.lower(): k for k in ("uri", "password", "connectionTimeout")}
 DEAD = "127.0.0.1:1"
 REFUSAL = "does not have a running replica on the local node"

@@ -16,6 +16,9 @@ from ..broker.helpers import wait_for
 from ..queues.driver import MicroBatchDriver
 from .conftest import Cluster, _tool, silent_network_possible, with_hosts
 
+# The fault lane's (make test): no other lane touches the cluster.
+pytestmark = pytest.mark.cluster
+
 
 @pytest.fixture(autouse=True)
 def _can_drop_packets() -> None:

@@ -21,6 +21,9 @@ from spark_amqp.transport.options import CONNECTION_KEYS, ConnectionOptions, par
 
 from .conftest import Cluster, silent_network_possible
 
+# The fault lane's (make test): no other lane touches the cluster.
+pytestmark = pytest.mark.cluster
+
 HEARTBEAT = 3  # seconds
 # How long a silence ends a connection: two heartbeats (AMQP 0-9-1, the stream protocol); over AMQP 1.0 the option is
 # the idle-time-out the client announces, and a silence of it is the end.

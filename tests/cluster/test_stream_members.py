@@ -29,6 +29,9 @@ from spark_amqp.transport.options import ConnectionOptions
 
 from .conftest import Cluster, _tool, hosts_of, with_hosts
 
+# The fault lane's (make test): no other lane touches the cluster.
+pytestmark = pytest.mark.cluster
+
 MESSAGES = 500
 
 
