@@ -56,6 +56,7 @@ class Soak:
             builder = builder.config(key, value)
         self.spark = builder.getOrCreate()
         self.spark.sparkContext.setLogLevel("ERROR")
+        self.memory = Memory(os.getpid())
         self.queries: dict[str, Any] = {}
         self.starts: dict[str, Any] = {}
         self.failures: list[tuple[float, str, str]] = []
@@ -103,8 +104,11 @@ class Soak:
         write("AMQP 1.0 sink", self.amqp, routingKey=self.out_q10, protocol="amqp1.0")
 
     def start(self, name: str) -> None:
+        before = self.memory.runner_pids()
         writer = self.starts[name].option("checkpointLocation", str(self.out / f"c-{_dir(name)}"))
         self.queries[name] = writer.trigger(processingTime="4 seconds").queryName(_dir(name)).start()
+        if name in READS:  # only a read has a source runner
+            self.memory.adopt(name, before)
 
     def watch(self, elapsed: float) -> None:
         """Batches with rows, by id and start; a failed query is logged and started again from its checkpoint."""
@@ -178,7 +182,7 @@ def main() -> None:
     producers = [Producer(soak.nodes, soak.q, "q", args.rate), Producer(soak.nodes, soak.s, "s", args.rate)]
     feeder = Feeder(soak.out / "rows", args.rate)
     drainers = {"AMQP 0-9-1 sink": Drainer(soak.nodes, soak.out_q), "AMQP 1.0 sink": Drainer(soak.nodes, soak.out_q10)}
-    memory = Memory(os.getpid())
+    memory = soak.memory
     for thread in (*producers, feeder, *drainers.values()):
         thread.start()
     began = time.time()
@@ -271,6 +275,7 @@ def _report(soak, args, seed, began, producers, feeder, drainers, schedule, memo
         fed = max(p.pause((a, b)) for p in producers)
         lines.append(f"| {(a - began) / 60:.0f} | {kind}: {what} | {fed:.0f} | {pauses} |")
     lines += ["", *memory.table(), ""]
+    lines += ["Each read's source runner (MiB):", "", *memory.runner_table(), ""]
     growth = memory.growth()
     if growth:
         lines += [

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import array
 import collections
+import functools
 import itertools
 import json
 import threading
@@ -15,6 +16,14 @@ from pathlib import Path
 import pika
 
 RECONNECT_PAUSE = 1.0  # seconds between attempts: the faults last tens of seconds
+# A publish not confirmed by then is given up on, its connection dropped and the id sent again through the next node.
+# A node cut off from the others answers heartbeats but confirms nothing until the partition heals: the soak of
+# 2026-11-28 had its stream producer wait on such a confirm from minute 14 to the end (docs/soak.md).
+CONFIRM_TIMEOUT = 30.0
+
+
+class ConfirmTimeout(pika.exceptions.AMQPConnectionError):
+    """No confirm within CONFIRM_TIMEOUT: the connection is dropped as pika drops one whose heartbeats stopped."""
 
 
 def _connect(url: str) -> pika.BlockingConnection:
@@ -28,8 +37,8 @@ def _connect(url: str) -> pika.BlockingConnection:
 
 class Producer(threading.Thread):
     """Publishes ids ``<prefix>0``, ``<prefix>1``, … to ``queue`` at ``rate`` a second, each confirmed before the
-    next. A publish whose outcome is unknown (the connection lost before its confirm, a nack) is sent again: such
-    an id is in ``resent``, as it may be in the queue twice."""
+    next. A publish whose outcome is unknown (the connection lost before its confirm, a nack, no confirm within
+    CONFIRM_TIMEOUT) is sent again: such an id is in ``resent``, as it may be in the queue twice."""
 
     def __init__(self, urls: list[str], queue: str, prefix: str, rate: float) -> None:
         super().__init__(daemon=True)
@@ -39,27 +48,46 @@ class Producer(threading.Thread):
         self.resent: set[str] = set()
         self.errors: collections.Counter[str] = collections.Counter()
         self.stopping = threading.Event()
+        self._connection: pika.BlockingConnection | None = None
+        self._waiting_since: float | None = None  # monotonic time of the publish waiting for its confirm
 
     def run(self) -> None:
+        threading.Thread(target=self._watch, daemon=True).start()
         nodes = itertools.cycle(self.urls)
         n, began = 0, time.monotonic()
         while not self.stopping.is_set():
             try:
-                channel = _connect(next(nodes)).channel()
+                self._connection = _connect(next(nodes))
+                channel = self._connection.channel()
                 channel.confirm_delivery()
                 while not self.stopping.is_set():
                     message_id = f"{self.prefix}{n}"
                     props = pika.BasicProperties(message_id=message_id, delivery_mode=2)
+                    self._waiting_since = time.monotonic()
                     channel.basic_publish("", self.queue, message_id.encode(), props, mandatory=True)
+                    self._waiting_since = None
                     self.confirmed.add(message_id)
                     self.confirmed_at.append(time.time())
                     n += 1
                     self.stopping.wait(max(0.0, began + n / self.rate - time.monotonic()))
                 channel.connection.close()
             except Exception as err:  # counted; the id is sent again on the next connection
+                self._waiting_since = None
                 self.errors[type(err).__name__] += 1
                 self.resent.add(f"{self.prefix}{n}")
                 self.stopping.wait(RECONNECT_PAUSE)
+
+    def _watch(self) -> None:
+        """Drops the connection of a publish that waited CONFIRM_TIMEOUT for its confirm. basic_publish blocks in
+        the publishing thread, and pika runs no callback of ours meanwhile: the drop goes through the connection's
+        own thread-safe hook, as its heartbeat checker's does, and basic_publish raises ConfirmTimeout."""
+        while not self.stopping.wait(1.0):
+            since, connection = self._waiting_since, self._connection
+            if since is not None and connection is not None and time.monotonic() - since > CONFIRM_TIMEOUT:
+                error = ConfirmTimeout(f"no confirm within {CONFIRM_TIMEOUT:.0f} s")
+                impl = connection._impl
+                impl._adapter_add_callback_threadsafe(functools.partial(impl._terminate_stream, error))
+                self._waiting_since = None  # once per publish
 
     def pause(self, within: tuple[float, float]) -> float:
         """The longest time without a confirm around ``within``: the input's own pause."""

@@ -263,7 +263,10 @@ def test_declare_the_exchange_and_the_queue_through_the_management_node(url: str
             "bindingKey": "orders.*",
         }
         publish10(url, {"body": [b"a", b"b"], "routing_key": ["orders.new", "refunds.new"]}, mandatory="false", **options)
-        got = _consume(url, queue, 2)
+        # Both were accepted, so the queue holds what it will ever get: the other has no binding (waiting for a second
+        # message, as this test once did, only ran out the consumer's 90 s).
+        assert ready_count(url, queue) == 1
+        got = _consume(url, queue, 1)
         assert [(m.exchange, m.routing_key, b) for m, _, b in got] == [(exchange, "orders.new", b"a")]  # the other: no binding
     finally:
         conn = pika.BlockingConnection(pika.URLParameters(url))

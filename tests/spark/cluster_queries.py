@@ -203,14 +203,24 @@ SINKS = ("AMQP 0-9-1 sink", "stream sink", "AMQP 1.0 sink")
 class EveryMode:
     """A fault test's queues for every mode at once: a quorum queue and a stream to read (N ids each, led by
     ``read_on``), and a quorum queue, a stream and another quorum queue for the three sinks to write (led by
-    ``write_on``). Its queries are named by mode, and ``side`` after it where a test runs two sets."""
+    ``write_on``). Its queries are named by mode, and ``side`` after it where a test runs two sets; the quorum queue
+    to read gets ``queue_arguments``."""
 
-    def __init__(self, cluster: Cluster, prefix: str, tag: str, read_on: str = "c1", write_on: str = "c2", side: str = "") -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        prefix: str,
+        tag: str,
+        read_on: str = "c1",
+        write_on: str = "c2",
+        side: str = "",
+        **queue_arguments: object,
+    ) -> None:
         self.cluster, self.tag = cluster, tag
         self.readers = {f"{k} {side}".strip(): ids for k, ids in READERS.items()}
         self.sinks = tuple(f"{k} {side}".strip() for k in SINKS)
         self.q, self.s, self.out_q, self.out_s, self.out_q10 = (f"{prefix}.{k}.{tag}" for k in ("q", "s", "outq", "outs", "outq10"))
-        declare(cluster, read_on, self.q, "quorum")
+        declare(cluster, read_on, self.q, "quorum", **queue_arguments)
         declare(cluster, read_on, self.s, "stream")
         for name, kind in ((self.out_q, "quorum"), (self.out_s, "stream"), (self.out_q10, "quorum")):
             declare(cluster, write_on, name, kind)

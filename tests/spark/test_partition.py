@@ -27,7 +27,10 @@ from .cluster_queries import EveryMode, Queries, assert_no_stall, cluster_to_our
 
 pytestmark = [pytest.mark.spark, pytest.mark.pinned, pytest.mark.faults, pytest.mark.timeout(900)]
 
-PARTITION = {"majority": 90, "minority": 60}  # seconds
+PARTITION = {"majority": 45, "minority": 45}  # seconds
+# The quorum queues to read return what a consumer on the cut-off node had checked out after this long, not after
+# RabbitMQ's default of 60 s: within the cut, as the 90 s cut it replaces did (the test is 60 s shorter).
+DISCONNECTED_TIMEOUT = {"x-consumer-disconnected-timeout": 10_000}  # ms
 DEADLINE = 120  # brokerOutageTimeout, seconds
 # The majority side goes on once c1 and c2 find c3 gone (net_ticktime, 15 s on tools/rabbitmq's nodes) and elect
 # leaders, before the partition heals: its longest pause was 25-38 s here, 49-67 s in CI runs beside the other Spark
@@ -43,8 +46,8 @@ def cluster() -> Iterator[Cluster]:
 
 def test_every_mode_on_either_side_of_a_partition(spark, cluster: Cluster, tmp_path: Path, request) -> None:  # type: ignore[no-untyped-def]
     tag = uuid.uuid4().hex[:8]
-    majority = EveryMode(cluster, "part", tag, read_on="c3", write_on="c3", side="(majority)")
-    minority = EveryMode(cluster, "part.c3", tag, read_on="c3", write_on="c3", side="(c3 alone)")
+    majority = EveryMode(cluster, "part", tag, read_on="c3", write_on="c3", side="(majority)", **DISCONNECTED_TIMEOUT)
+    minority = EveryMode(cluster, "part.c3", tag, read_on="c3", write_on="c3", side="(c3 alone)", **DISCONNECTED_TIMEOUT)
     request.addfinalizer(majority.delete)
     request.addfinalizer(minority.delete)
     c3 = cluster.node("c3")
@@ -52,8 +55,8 @@ def test_every_mode_on_either_side_of_a_partition(spark, cluster: Cluster, tmp_p
     c3_stream = with_hosts(cluster.stream_url or "", [f"127.0.0.1:{c3.stream_port}"])
     spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "2000")
     # The journalled queue query reaches c3 in about a third of the runs (the uri's nodes in random order): then the
-    # 90 s cut outlasts the queue's consumer-disconnected timeout, and the queue sends its acked messages again on the
-    # same channel (tests/cluster/test_partition.py shows that every time, without Spark).
+    # cut outlasts the queue's consumer-disconnected timeout, and the queue can send its acked messages again on the
+    # same channel, copies the source drops (tests/cluster/test_partition.py shows that every time, without Spark).
     run = Queries(spark, tmp_path, tag, heartbeat="10", connectionTimeout="5", brokerOutageTimeout=f"{DEADLINE}s")
     windows: dict[str, dict[str, tuple[float, float]]] = {}
 
