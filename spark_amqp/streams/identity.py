@@ -39,6 +39,7 @@ class Identities:
         self.fail_on_data_loss = fail_on_data_loss
         self._checked: set[tuple[str, int, str]] = set()  # (stream, position, mark) known to hold
         self._warned: set[tuple[str, int]] = set()
+        self._absent: set[tuple[str, int]] = set()  # (stream, position) whose message before was not there, logged
 
     def check(self, offset: StreamOffset, streams: tuple[str, ...], retry_for: float | None = None) -> None:
         """Every marked position of ``offset`` that this process has not planned or checked, against the
@@ -51,9 +52,15 @@ class Identities:
                 continue
             body = self._body_at(stream, position - 1, retry_for)
             if body is None:
-                # Gone to retention, or the stream now ends before it (which planning reports): nothing to compare.
-                log.info("AMQP source: stream '%s' holds no message at offset %d now; its identity is not checked", stream, position - 1)
-            elif mark_of(body) != mark:
+                # Gone to retention, or the stream now ends before it (which planning waits out, see ``shortfall``):
+                # nothing to compare now. Asked again next time: a member catching up holds it once it has.
+                if (stream, position) not in self._absent:
+                    self._absent.add((stream, position))
+                    log.info(
+                        "AMQP source: stream '%s' holds no message at offset %d now; its identity is not checked", stream, position - 1
+                    )
+                continue
+            if mark_of(body) != mark:
                 self._declared_again(stream, position)
             self._checked.add((stream, position, mark))
 

@@ -24,6 +24,7 @@ from .identity import Identities
 from .offset import UNSET, StreamOffset
 from .options import At, StreamSourceOptions
 from .ranges import StreamRange, limit_ends, split
+from .shortfall import Shortfall
 
 log = logging.getLogger("spark_amqp.streams")
 
@@ -49,6 +50,7 @@ class StreamPlanner:
         self._backlog_at = -BACKLOG_INTERVAL
         self.tails = self.access.tail_watch()
         self.identities = Identities(self.client, self.access, self.tails, options.fail_on_data_loss)
+        self.shortfall = Shortfall(options.connection.outage_timeout)
         self._dropped: set[str] = set()  # streams of the checkpoint no longer read, already reported
         self._known: dict[str, int] | None = None  # the last ends measured
         self._expression_checked = False  # the broker took the filter expressions (checked once, by the first planning)
@@ -111,11 +113,9 @@ class StreamPlanner:
                 # Empty now: nothing to read. What is written next says whether retention emptied it
                 # (offsets go on from here) or it was deleted and declared again (they start at 0).
                 ends[stream] = starts[stream]
-            if ends[stream] < starts[stream]:
-                raise AmqpSourceError(
-                    f"stream '{stream}' ends at offset {ends[stream]} but this query has read it up to {starts[stream]}: "
-                    "the stream was deleted and declared again. Start the query with a new checkpointLocation"
-                )
+            said = f"stream '{stream}' ends at offset {ends[stream]} but this query has read it up to {starts[stream]}"
+            if self.shortfall.short(stream, ends[stream], starts[stream], said):
+                ends[stream] = starts[stream]  # nothing of it in this batch while it is short
         if self.available_now is not None:
             ends = {s: min(ends[s], max(starts[s], self.available_now.get(s, starts[s]))) for s in ends}
             use_minimum = False

@@ -24,6 +24,7 @@ from . import filtering
 from .access import access_for
 from .options import StreamSourceOptions
 from .ranges import StreamRange, judge_gap
+from .shortfall import Shortfall
 
 __all__ = ["FILTER_IDLE", "RangeReader", "Row"]
 
@@ -58,6 +59,7 @@ class RangeReader:
         self.gaps: list[tuple[int, int]] = []
         self.backoff = Backoff()
         self.outage = Outage(options.connection.outage_timeout, options.connection.display_uri)
+        self.shortfall = Shortfall(options.connection.outage_timeout)
         self.connecting = False
         self._refused = (-1, 0)  # (offset, how many 541s in a row there)
         self.row_filter = filtering.RowFilter(options.filter, options.match_unfiltered) if options.filter else None
@@ -239,12 +241,15 @@ class RangeReader:
             except Exception as err:
                 if not is_transient(err):
                     raise self._explained(err) from err
-        if end is not None and end <= self.next_offset:
-            raise AmqpSourceError(
+        if end is not None:
+            said = (
                 f"stream '{self.part.stream}' now ends at offset {end}, but this batch reads it from {self.next_offset} up to "
-                f"{self.part.end - 1}, which it held when the batch was planned: the stream was deleted and declared again "
-                "(or retention removed everything). Start the query with a new checkpointLocation"
+                f"{self.part.end - 1}, which it held when the batch was planned"
             )
+            if self.shortfall.short(self.part.stream, end, self.next_offset + 1, said):
+                # Reconnecting may reach another member; a lasting shortfall fails above, naming itself, before the outage.
+                silent = ConnectionLost(f"{said} (a member catching up, or the stream deleted and declared again)")
+                self.outage.recovered()
         await self._resume(silent)
 
     async def _check_repeated_refusal(self, err: BaseException) -> None:

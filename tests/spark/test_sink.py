@@ -141,6 +141,7 @@ def test_a_broker_that_never_answers_fails_the_query_after_broker_outage_timeout
     # Spark runs a failed task again (3 attempts in the tests' session, 4 on a cluster). Each attempt waiting the
     # whole deadline made a sink that reaches no node fail the query after attempts x brokerOutageTimeout.
     import json
+    import re
     import socket
     import time
 
@@ -161,8 +162,11 @@ def test_a_broker_that_never_answers_fails_the_query_after_broker_outage_timeout
         took = time.monotonic() - began
         error = str(query.exception())
         assert f"brokerOutageTimeout={deadline}s" in error and "nothing was published" in error, error[:3000]
-        assert "this is Spark's retry of a task planned" in error, error[:3000]  # the last attempt did not wait again
-        assert took < 3 * deadline, took  # each of the 3 attempts waiting it would take 3 x 8 s at least
+        # The last attempt did not wait again: one or two refused connections (an attempt that waited the deadline
+        # makes six, 0.2 s to 3.2 s apart). Counted, not timed: on a loaded machine Spark's own steps take longer,
+        # and that only leaves a retry less of the deadline.
+        retries = re.findall(r"still, after (\d+) attempt\(s\) over \d+s: this is Spark's retry of a task planned", error)
+        assert retries and all(int(n) <= 3 for n in retries), error[:3000]
         print(f"\nthe {scheme} sink's query failed {took:.1f}s after it started (brokerOutageTimeout={deadline}s, 3 task attempts)")
     finally:
         query.stop()
