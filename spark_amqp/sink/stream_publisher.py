@@ -99,7 +99,7 @@ class StreamPartitionPublisher:
                 outage.failed(failed.reason, unreachable=failed.unreachable)
                 delay = backoff.next()
                 if not self._may_retry(failed, outage, delay):
-                    raise self._error(failed, outage) from failed.reason
+                    raise self._error(failed, outage, delay) from failed.reason
                 log.warning(
                     "stream sink %s: %s; connecting again in %.1fs to publish the %d unconfirmed message(s) (attempt %d; "
                     "the broker drops those it already stored; no confirm for %.0fs of brokerOutageTimeout=%gs)",
@@ -313,12 +313,14 @@ class StreamPartitionPublisher:
         safe = self.producer.name is not None or not self.published
         return safe and is_transient(failed.reason) and outage.allows(delay)
 
-    def _error(self, failed: _Failed, outage: Outage) -> AmqpPublishError:
+    def _error(self, failed: _Failed, outage: Outage, delay: float) -> AmqpPublishError:
         c = self.options.connection
         subject = f"stream '{failed.stream}'" if failed.stream else self.options.target
         unconfirmed = self.published - self.confirmed
         waited = ""
-        if is_transient(failed.reason) and (outage.failures > 1 or outage.retry_expired()):
+        # Why a transient fault was not retried: the deadline, which a retried task's first refusal can meet when
+        # the next delay would pass it (then its error must say the earlier attempt waited, not blame the broker).
+        if is_transient(failed.reason) and (outage.failures > 1 or outage.retry_expired(delay)):
             waited = f" ({outage.waited()})"
         if not self.published:
             said = explain(failed.reason, c.display_uri, c.username, c.vhost, subject)
