@@ -18,11 +18,16 @@ has at most ``prefetch`` messages checked out to a consumer, so the channel's
 last ``prefetch`` proven acks (``SessionLedger.recent``) are enough to look in.
 The look-up index is built at the first redelivery and dropped once redeliveries
 stop, so a reader that sees none pays nothing. Only first deliveries are looked
-up: after a crash every delivery of the new channel is redelivered, and two
-identical messages among them (no message id) are two messages, not a copy. So
-a message the queue returns twice this way (two long partitions while it sits in
-the buffer) comes out twice. Only with a journal: there the consumer is
-exclusive, so a redelivery on a live channel can only be such a copy, whereas
+up, and the copies found of them: after a crash every delivery of the new channel
+is redelivered, and two identical messages among them (no message id) are two
+messages, not a copy. A copy found takes its original's place in the index, so a
+message the queue returns again (a second partition, with the copy acked or in
+the buffer) is found once more: seen in CI, where two partitions 60 s apart made
+a query read 400 ids twice, copies the first partition had sent. A copy the
+redelivery filter found after a lost channel does the same if it has a message
+id; without one it does not (a message of the same content could be another),
+so such a message returned again on the live channel comes out twice. Only with
+a journal: there the consumer is exclusive, so a redelivery on a live channel can only be such a copy, whereas
 without one another application sharing the queue may return a message whose
 content equals one this reader acked.
 """
@@ -67,6 +72,16 @@ class LiveCopies:
         self._size -= 1
         return original
 
+    def found(self, copy: Entry, by_filter: bool = False) -> None:
+        """``copy`` repeats a delivery this reader had: it stands in for it if the queue returns the message once more.
+        One the redelivery filter found (a channel was lost) only by message id: after a crash, two messages of the
+        same content and no id are two messages, and the filter's counts alone keep both."""
+        if by_filter and self._key(copy.delivery)[1][0] != "id":
+            return
+        copy.copy = True
+        if self._index is not None:
+            self._add(copy)
+
     def noted(self, entry: Entry) -> None:
         """A new delivery: indexed while redeliveries come (a redelivered one is no original: not indexed), the index
         dropped when they have stopped."""
@@ -89,7 +104,7 @@ class LiveCopies:
         self._index, self._size = {}, 0
         for ledger in ledgers:
             for entry in (*ledger.recent, *ledger.acked, *ledger.unacked):
-                if entry is not copy and entry.owner >= UNPLANNED and not entry.delivery.redelivered:
+                if entry is not copy and entry.owner >= UNPLANNED and (entry.copy or not entry.delivery.redelivered):
                     self._add(entry)
 
     def _add(self, entry: Entry) -> None:

@@ -74,15 +74,19 @@ class Intake:
                     live.noted(entry)
                 if item.redelivered or (unmarked and filt.expecting):
                     owner = filt.match(item)
+                    by_filter = owner is not None
                     if owner is None and live is not None and item.redelivered:
                         original = live.original(entry, ledgers.values())
                         if original is not None and original.owner == UNPLANNED:
                             self.claim([original], SUPERSEDED)  # the copy takes its place in the buffer
                             superseded.add(original)
+                            live.found(entry)
                         elif original is not None:
                             owner = original.owner
                     if owner is not None:
                         ledger.claim(entry, owner)
+                        if live is not None:
+                            live.found(entry, by_filter)
                         self.copies_dropped += 1
                         continue
                     count = returns(item) if item.redelivered else 0

@@ -38,7 +38,7 @@ PENDING, MULTI, SINGLE = 0, 1, 2  # Entry.acked: not yet, by the frontier's mult
 
 
 class Entry:
-    __slots__ = ("acked", "delivery", "owner", "round", "tag")
+    __slots__ = ("acked", "copy", "delivery", "owner", "round", "tag")
 
     def __init__(self, tag: int, delivery: Delivery) -> None:
         self.tag = tag
@@ -46,6 +46,7 @@ class Entry:
         self.delivery = delivery
         self.acked = PENDING
         self.round = 0  # the ack round that covered it
+        self.copy = False  # a redelivery known to repeat a delivery this reader had (``copies``)
 
 
 class Acks(NamedTuple):
