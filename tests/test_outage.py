@@ -76,3 +76,22 @@ def test_a_retried_task_s_retry_loop_gives_up_once_its_write_is_older_than_the_d
     first = Outage(120.0, WHERE)  # a first attempt: from its own first failure
     first.failed(ConnectionLost("connection refused"), now=6.0)
     assert first.allows(1.0, now=6.0, wall=10_000.0)
+
+
+def test_a_recovery_recorded_by_another_thread_during_a_check_is_no_error() -> None:
+    # The queue source's IO thread records failures and recoveries while Spark's thread checks the deadline: seen
+    # in CI (Python 3.13), a recovery between two reads of ``since`` raised TypeError out of latestOffset.
+    class RecoveringMidCheck(Outage):
+        reads: list[float | None] = [5.0, 5.0]  # then None: recovered() ran on the other thread
+
+        @property  # type: ignore[override]
+        def since(self) -> float | None:
+            return self.reads.pop(0) if self.reads else None
+
+        @since.setter
+        def since(self, value: float | None) -> None:
+            pass
+
+    o = RecoveringMidCheck(120.0, WHERE)
+    o.check(now=50.0)  # not yet the deadline, and no TypeError
+    assert o.seconds(now=50.0) == 0.0  # recovered by now

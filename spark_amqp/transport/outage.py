@@ -63,9 +63,10 @@ class Outage:
         self.failures = 0
 
     def seconds(self, now: float | None = None) -> float:
-        if self.since is None:
+        since = self.since  # read once: the queue source's IO thread may record a recovery between two reads
+        if since is None:
             return 0.0
-        return (time.monotonic() if now is None else now) - self.since
+        return (time.monotonic() if now is None else now) - since
 
     def allows(self, delay: float, now: float | None = None, wall: float | None = None) -> bool:
         """Whether one more attempt after ``delay`` still comes within the timeout (else give up now, not after)."""
@@ -118,9 +119,10 @@ class Outage:
 
     def report(self, now: float | None = None) -> dict[str, Any] | None:
         """What the query's progress shows of the outage (None while the broker answers)."""
-        if self.since_wall is None:
+        since_wall = self.since_wall  # read once, as in ``seconds``
+        if since_wall is None:
             return None
-        since = datetime.datetime.fromtimestamp(self.since_wall, datetime.UTC).isoformat(timespec="seconds")
+        since = datetime.datetime.fromtimestamp(since_wall, datetime.UTC).isoformat(timespec="seconds")
         return {"since": since, "seconds": round(self.seconds(now)), "attempts": self.failures, "lastError": self.last_errors}
 
 
