@@ -44,7 +44,10 @@ def hold_for_kill(kills: str, name: str, message_id: str, marked: str) -> bool:
     done = Path(kills) / f"{name}.killed"
     if done.exists():
         return True
-    (Path(kills) / f"{name}.pid").write_text(str(executor_jvm_pid()))
+    # Written whole, then renamed: the test polls for the file and once read it while it was still empty (CI run ci66).
+    written = Path(kills) / f"{name}.pid.partial"
+    written.write_text(str(executor_jvm_pid()))
+    written.rename(written.with_suffix(""))
     deadline = time.monotonic() + HOLD
     while not done.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
