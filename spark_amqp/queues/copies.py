@@ -27,9 +27,9 @@ a query read 400 ids twice, copies the first partition had sent. A copy the
 redelivery filter found after a lost channel does the same if it has a message
 id; without one it does not (a message of the same content could be another),
 so such a message returned again on the live channel comes out twice. Only with
-a journal: there the consumer is exclusive, so a redelivery on a live channel can only be such a copy, whereas
-without one another application sharing the queue may return a message whose
-content equals one this reader acked.
+a journal: there the consumer is exclusive, so a redelivery on a live channel
+can only be such a copy, whereas without one another application sharing the
+queue may return a message whose content equals one this reader acked.
 """
 
 from __future__ import annotations

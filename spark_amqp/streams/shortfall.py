@@ -26,7 +26,9 @@ log = logging.getLogger("spark_amqp.streams")
 class Shortfall:
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
-        self._since: dict[str, float] = {}  # stream -> when it was first seen short (monotonic)
+        # stream -> (the position it fell short of, when first seen so: monotonic). Keyed by position too: a range
+        # reader that read on since its last shortfall (it asks only when silent) starts a new wait, not the old one's.
+        self._since: dict[str, tuple[int, float]] = {}
 
     def short(self, stream: str, end: int, position: int, said: str, now: float | None = None) -> bool:
         """Whether ``stream``, which the broker says ends at ``end``, falls short of ``position`` (then the caller
@@ -36,19 +38,21 @@ class Shortfall:
             if self._since.pop(stream, None) is not None:
                 log.warning("AMQP source: stream '%s' reaches offset %d again: a member had not caught up", stream, position)
             return False
-        since = self._since.setdefault(stream, now)
-        waited = now - since
-        if waited >= self.timeout:
-            raise AmqpSourceError(
-                f"{said}, still after {waited:.0f}s (brokerOutageTimeout={self.timeout:g}s): the stream was deleted and "
-                "declared again (a member catching up, after a restart or a replica added back, would have caught up by "
-                "now). Start the query with a new checkpointLocation, or raise brokerOutageTimeout to wait longer"
-            )
-        if waited == 0:
+        known = self._since.get(stream)
+        if known is None or known[0] != position:
+            self._since[stream] = (position, now)
             log.warning(
                 "AMQP source: %s: a member still catching up (after a restart, or a replica added back), or the stream "
                 "deleted and declared again; waiting up to brokerOutageTimeout=%gs for it to reach that offset",
                 said,
                 self.timeout,
+            )
+            return True
+        waited = now - known[1]
+        if waited >= self.timeout:
+            raise AmqpSourceError(
+                f"{said}, still after {waited:.0f}s (brokerOutageTimeout={self.timeout:g}s): the stream was deleted and "
+                "declared again (a member catching up, after a restart or a replica added back, would have caught up by "
+                "now). Start the query with a new checkpointLocation, or raise brokerOutageTimeout to wait longer"
             )
         return True

@@ -100,40 +100,36 @@ def test_a_journalled_reader_on_the_cut_off_node_reads_each_message_once_though_
     conn.close()
     c3_only = with_hosts(cluster.url, [f"127.0.0.1:{cluster.node('c3').port}"])
     driver = MicroBatchDriver(c3_only, queue, journalLocation=tmp_path / "journal", maxMessagesPerTrigger=50, prefetch=100)
-    finished = False
-    try:
-        for cut in range(partitions):
-            if cut == 0:
-                driver.drain(100)
-            else:
-                driver.runtime.commit(driver.start)  # Spark's commit of the batch read during the last cut
-            # A later cut comes while the copies the last one made wait in the buffer: read during the cut, their own
-            # copies come after it.
-            read = len(driver.rows)
-            # Acked and proven, and the next deliveries in: the queue has a full prefetch window checked out to us.
-            driver.idle_until(
-                lambda: len(driver.runtime.buffer) >= 50 and all(not led.acked for led in driver.runtime.ledgers.values()), timeout=60
-            )
-            # What was read is acked, a prefetch window is checked out to the reader, the rest ready.
-            _await_ready(cluster, queue, n - read - 100, timeout=60, what=f"before cut {cut + 1}, {read} rows read", driver=driver)
-            with cluster.partitioned("c3"):
-                # A new leader on c1 or c2 has returned what c3's consumer had: nothing checked out any more.
-                _await_ready(cluster, queue, n - read, timeout=120, what=f"in cut {cut + 1}, {read} rows read", driver=driver)
-                planned = driver.plan()  # from the buffer: journalled and acked through c3, which applies nothing now
-                assert planned is not None
-                driver.run_batch(*planned)
-        rows = driver.drain(n, timeout=180)
-        ids = collections.Counter(r["message_id"] for r in rows)
-        assert sorted(ids) == sorted(f"m{i}" for i in range(n)), len(ids)
-        assert max(ids.values()) == 1, [k for k, c in ids.items() if c > 1][:10]
-        assert driver.runtime.intake.copies_dropped > 0, "the queue sent nothing again: the test proves nothing"
-        driver.idle_until(lambda: all(led.settled(driver.runtime.committed_seq) for led in driver.runtime.ledgers.values()), timeout=60)
-        finished = True
-    finally:
-        driver.close()
-        if not finished:
-            cluster.delete(queue)  # a quorum queue a failed test leaves behind slows every later drain of the cluster
-    try:
+    try:  # the queue deleted whatever happens: a quorum queue a failed test leaves behind slows every later drain
+        try:
+            for cut in range(partitions):
+                if cut == 0:
+                    driver.drain(100)
+                else:
+                    driver.runtime.commit(driver.start)  # Spark's commit of the batch read during the last cut
+                # A later cut comes while the copies the last one made wait in the buffer: read during the cut, their own
+                # copies come after it.
+                read = len(driver.rows)
+                # Acked and proven, and the next deliveries in: the queue has a full prefetch window checked out to us.
+                driver.idle_until(
+                    lambda: len(driver.runtime.buffer) >= 50 and all(not led.acked for led in driver.runtime.ledgers.values()), timeout=60
+                )
+                # What was read is acked, a prefetch window is checked out to the reader, the rest ready.
+                _await_ready(cluster, queue, n - read - 100, timeout=60, what=f"before cut {cut + 1}, {read} rows read", driver=driver)
+                with cluster.partitioned("c3"):
+                    # A new leader on c1 or c2 has returned what c3's consumer had: nothing checked out any more.
+                    _await_ready(cluster, queue, n - read, timeout=120, what=f"in cut {cut + 1}, {read} rows read", driver=driver)
+                    planned = driver.plan()  # from the buffer: journalled and acked through c3, which applies nothing now
+                    assert planned is not None
+                    driver.run_batch(*planned)
+            rows = driver.drain(n, timeout=180)
+            ids = collections.Counter(r["message_id"] for r in rows)
+            assert sorted(ids) == sorted(f"m{i}" for i in range(n)), len(ids)
+            assert max(ids.values()) == 1, [k for k, c in ids.items() if c > 1][:10]
+            assert driver.runtime.intake.copies_dropped > 0, "the queue sent nothing again: the test proves nothing"
+            driver.idle_until(lambda: all(led.settled(driver.runtime.committed_seq) for led in driver.runtime.ledgers.values()), timeout=60)
+        finally:
+            driver.close()
         # Every tag acked: what a closed consumer had not acked would be ready again once it is gone.
         assert wait_for(lambda: _ready(cluster, queue)[1] == 0, timeout=60, interval=1)
         assert _ready(cluster, queue)[0] == 0

@@ -33,6 +33,16 @@ def test_a_member_that_catches_up_within_the_timeout_costs_no_error() -> None:
     assert s.short("s", 10, 2100, "said", now=209.0)
 
 
+def test_a_reader_that_read_on_between_two_shortfalls_waits_the_second_one_afresh() -> None:
+    # A range reader asks only when silent, so it never reports the member caught up: the position it waits for
+    # tells one shortfall from the next.
+    s = Shortfall(10.0)
+    assert s.short("s", 40, 51, "said", now=0.0)
+    assert s.short("s", 60, 81, "said", now=30.0)  # read on to 80 meanwhile: a new wait, not 30 s of the old one
+    with pytest.raises(AmqpSourceError, match="still after 10s"):
+        s.short("s", 60, 81, "said", now=40.0)
+
+
 def test_a_shortfall_that_lasts_the_timeout_fails_naming_the_stream_and_the_option() -> None:
     s = Shortfall(10.0)
     assert s.short("s", 5, 20, "stream 's' ends at offset 5 but this query has read it up to 20", now=0.0)
