@@ -233,7 +233,7 @@ soak: $(STAMP) rabbitmq
 ## On the lowest line, the tests without Spark too: they exercise the lowest pyarrow and pamqp the most.
 $(PYSPARK_LINES:%=test-pyspark%): test-pyspark%: .venv-pyspark%/.wheel
 	@echo "PySpark $* on $$(.venv-pyspark$*/bin/python --version), pyarrow $$(.venv-pyspark$*/bin/python -c 'import pyarrow; print(pyarrow.__version__)')"
-	$(if $(filter $*,$(LOWEST_LINE)),$(call lane,lowest-deps) $(EMBEDDED_ONLY) .venv-pyspark$*/bin/python -m pytest -m "not spark" -n $(TEST_WORKERS) -p no:cacheprovider $(PYTEST_ARGS))
+	$(if $(filter $*,$(LOWEST_LINE)),$(call lane,lowest-deps) $(EMBEDDED_ONLY) .venv-pyspark$*/bin/python -m pytest -m "not spark" -n $(TEST_WORKERS) -p no:cacheprovider --junitxml=.cache/junit-lowest-deps.xml $(PYTEST_ARGS))
 	$(call lane,pyspark$*) $(EMBEDDED_ONLY) JAVA_TOOL_OPTIONS="$(TEST_JVM)" .venv-pyspark$*/bin/python -m pytest $(if $(filter $*,$(MIDDLE_LINES)),$(SPARK_MODE_TESTS),tests/spark) -m "spark and not delta and not pinned" -p no:cacheprovider --junitxml=.cache/junit-pyspark$*.xml $(PYTEST_ARGS)
 
 ## The Spark tests on every other PySpark line; `make test` covers the pinned one.
@@ -248,7 +248,7 @@ $(PY313_VENV)/.installed: pyproject.toml broker/pyproject.toml conf/constraints-
 ## The tests without Spark and the Spark tests of every mode's source and sink (SPARK_MODE_TESTS) on PySpark
 ## $(PY313_LINE), on CPython 3.13 (the embedded broker: tools/python3.13 passes no AMQP_TEST_* variable into the chroot).
 test-python3.13: $(PY313_VENV)/.installed
-	$(call lane,python3.13) tools/python3.13 run "$(PY313_VENV)/bin/python --version && $(PY313_VENV)/bin/python -m pytest -m 'not spark' -n $(TEST_WORKERS) -p no:cacheprovider $(PYTEST_ARGS) && JAVA_TOOL_OPTIONS='$(TEST_JVM)' $(PY313_VENV)/bin/python -m pytest $(SPARK_MODE_TESTS) -m 'spark and not delta and not pinned' -p no:cacheprovider --junitxml=.cache/junit-python3.13.xml $(PYTEST_ARGS)"
+	$(call lane,python3.13) tools/python3.13 run "$(PY313_VENV)/bin/python --version && $(PY313_VENV)/bin/python -m pytest -m 'not spark' -n $(TEST_WORKERS) -p no:cacheprovider --junitxml=.cache/junit-python3.13-plain.xml $(PYTEST_ARGS) && JAVA_TOOL_OPTIONS='$(TEST_JVM)' $(PY313_VENV)/bin/python -m pytest $(SPARK_MODE_TESTS) -m 'spark and not delta and not pinned' -p no:cacheprovider --junitxml=.cache/junit-python3.13.xml $(PYTEST_ARGS)"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -69,7 +69,10 @@ class IoSession:
         self.check()
 
     def check(self) -> None:
-        if self.fatal is None and not self._stopping and self._thread is not None and not self._thread.is_alive():
+        # Whether the thread is over first, then what it left: read the other way round, a thread that set fatal and
+        # ended between the two reads had its error replaced by this one (ci73, Python 3.13).
+        thread = self._thread
+        if thread is not None and not thread.is_alive() and self.fatal is None and not self._stopping:
             self.fatal = AmqpSourceError("the AMQP consumer thread ended unexpectedly")
         if self.fatal is None and self._started.is_set():
             try:

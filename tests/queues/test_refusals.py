@@ -16,6 +16,7 @@ from spark_amqp_broker import EmbeddedBroker
 
 from spark_amqp.errors import AmqpSourceError
 from spark_amqp.queues import session as session_module
+from spark_amqp.queues.options import parse_source_options
 
 from ..brokers import publish
 from .driver import MicroBatchDriver
@@ -152,6 +153,23 @@ def test_an_exception_on_the_io_thread_fails_the_query_with_it(embedded: Embedde
         assert isinstance(info.value.__cause__.__cause__, TypeError)  # type: ignore[union-attr]
     finally:
         d.close()
+
+
+def test_a_thread_that_fails_and_ends_while_check_runs_keeps_its_error() -> None:
+    """The interleaving ci73 met: the I/O thread sets its error and ends while the runner's check() is between its
+    look at that error and its look at the thread. The thread's error must come out, not "ended unexpectedly"."""
+    session = session_module.ConsumerSession(parse_source_options({"uri": "amqp://127.0.0.1:1/%2F", "queue": "q"}), "run")
+    its_own = AmqpSourceError("the broker refused: 'not a type' is not a type object")
+
+    class Ending:
+        def is_alive(self) -> bool:  # the thread's last act, then its end, in one step of the runner
+            session.fatal = its_own
+            return False
+
+    session._thread = Ending()  # type: ignore[assignment]
+    with pytest.raises(AmqpSourceError) as info:
+        session.check()
+    assert info.value is its_own
 
 
 def test_connect_timeout_leaves_no_logged_in_connection_behind(embedded: EmbeddedBroker) -> None:
