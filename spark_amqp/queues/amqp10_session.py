@@ -123,7 +123,9 @@ class Amqp10Session(IoSession):
 
     async def _serve(self, client: Amqp10Client, queue: str) -> None:
         backoff = Backoff()
-        self.marks_redeliveries = client.rabbitmq  # Artemis sends no delivery-count
+        # Artemis marks a redelivery only sometimes (delivery-count 1 after some lost connections, never after a
+        # release, a detach or a clean close): there Intake checks every delivery against the copies it expects.
+        self.marks_redeliveries = client.rabbitmq
         rows = RowMaker(queue, Conversion.of(client.server_version) if client.rabbitmq else STANDARD)
         try:
             await self._prepare(client, queue)

@@ -50,8 +50,9 @@ class Intake:
     def take(self, inbox: deque[Delivery | SessionClosed | AckConfirmed], unmarked: bool = False) -> tuple[list[Entry], bool]:
         """Everything in ``inbox``; (returned deliveries that are not copies, whether an ack round was proven).
 
-        ``unmarked``: the broker does not mark a redelivery (ActiveMQ Artemis over AMQP 1.0 sends no delivery-count):
-        then every delivery is checked against the copies the filter expects, while it expects any."""
+        ``unmarked``: the broker does not mark every redelivery (ActiveMQ Artemis over AMQP 1.0 sends a delivery-count
+        of 1 only after some lost connections, none after a release, a detach or a clean close): then every delivery
+        is checked against the copies the filter expects, while it expects any."""
         buffer = self.buffer
         ledgers = self.ledgers
         filt = self.filter

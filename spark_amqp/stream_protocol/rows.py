@@ -100,7 +100,7 @@ class StreamProperties:
 
     ``key`` is the record's sections before its body (``b"-"`` for a record that is not
     AMQP 1.0, which no prefix can be: a prefix starts with 0x00). ``redelivered``: the header
-    says the message was delivered before (not ``first-acquirer``, or a ``delivery-count``).
+    says the message was delivered before (``first-acquirer`` sent false, or a ``delivery-count``).
     """
 
     __slots__ = ("columns", "key", "redelivered")
@@ -184,6 +184,8 @@ class RowMaker:
         # Even no sections at all convert to something: 4.0 reads a message without a header as persistent.
         columns = _columns(parts, self.conversion)
         header = parts.header
+        # first-acquirer counts only when sent as false: ActiveMQ Artemis leaves it out (false, by the standard) on first
+        # deliveries too, and marks a message that came back with delivery-count alone; RabbitMQ sends true, then false.
         redelivered = (len(header) > 3 and header[3] is False) or (len(header) > 4 and bool(header[4]))
         return (
             str(ann.get("x-exchange") or ""),

@@ -1,7 +1,9 @@
 """The queue source and the sink over AMQP 1.0 on ActiveMQ Artemis (``AMQP_TEST_ARTEMIS_URL``, ``tools/artemis``), driven
 without Spark: every message once and settled, a dropped connection, a crash with the journal, a broker restart, and
-the sink's way to a queue and its reconnection after a lost one. Artemis marks no redelivery (no delivery-count), so
-these are also the tests of the source recognising copies it cannot tell from new messages."""
+the sink's way to a queue and its reconnection after a lost one, and the anycast queue the source needs. Artemis marks a
+redelivery only sometimes (a delivery-count of 1 after some lost connections, nothing after a release, a detach or a
+clean close: tests/queues/test_amqp10_redelivered.py), so these are also the tests of the source recognising copies it
+cannot tell from new messages."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import os
 import subprocess
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -18,11 +21,16 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from spark_amqp import amqp10
+from spark_amqp.amqp10.performatives import Performative
+from spark_amqp.amqp10_client import Amqp10Client
 from spark_amqp.errors import AmqpPublishError, AmqpSourceError, ConnectionLost
 from spark_amqp.sink.amqp10_messages import Amqp10MessageBuilder
 from spark_amqp.sink.amqp10_publisher import Amqp10PartitionPublisher
 from spark_amqp.sink.options import parse_sink_options
 
+from ..broker.amqp10_helpers import publish as publish_plainly
+from ..broker.amqp10_helpers import run
 from ..broker.helpers import wait_for
 from ..queues.driver import MicroBatchDriver
 
@@ -99,7 +107,7 @@ def test_a_dropped_connection_loses_and_duplicates_nothing(queue: str) -> None:
     publish(queue, 0, 60)
     d = _driver(queue, maxMessagesPerTrigger=10, prefetch=30)
     try:
-        d.run_batch(*d.plan())  # planned, not committed: its messages come back unmarked after the drop
+        d.run_batch(*d.plan())  # planned, not committed: its messages come back after the drop, marked or not
         session = d.runtime.session
         assert session is not None and session._client is not None and session._loop is not None
         session._loop.call_soon_threadsafe(session._client.abort, ConnectionLost("test: connection dropped"))
@@ -153,6 +161,43 @@ def test_a_broker_restart_mid_read_loses_nothing(queue: str) -> None:
     finally:
         d.close()
     assert _left(queue) == []
+
+
+def test_the_source_reads_an_anycast_queue_and_is_refused_a_multicast_address(queue: str) -> None:
+    """docs/amqp-1.0.md, "ActiveMQ Artemis: the queue first". A sender that asks for no capability (most clients, to
+    an address nobody made) makes a multicast address without a queue: its messages are accepted and dropped, and the
+    source's attach is refused. A queue made first with ``artemis queue create --anycast`` keeps them."""
+    assert URL is not None
+    multicast, anycast = f"{queue}-m", f"{queue}-a"
+    login = urllib.parse.urlsplit(URL)
+    core = subprocess.run([str(TOOL), "core-url"], check=True, capture_output=True, text=True).stdout.strip()
+    # The command docs/amqp-1.0.md gives.
+    create = ["queue", "create", "--name", anycast, "--address", anycast, "--anycast", "--durable", "--auto-create-address"]
+    made = subprocess.run(
+        [str(TOOL), "cli", *create, "--silent", "--user", str(login.username), "--password", str(login.password), "--url", core],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert made.returncode == 0, made.stdout + made.stderr
+    messages = [amqp10.encode(b"m%d" % i, properties=[f"id-{i}"]) for i in range(3)]
+
+    async def send(client: Amqp10Client) -> list[int]:
+        return [code for address in (multicast, anycast) for code, _ in await publish_plainly(client, address, messages)]
+
+    assert run(URL, send) == [Performative.ACCEPTED] * 6
+    d = _driver(multicast)
+    try:
+        with pytest.raises(AmqpSourceError, match=f"Address {multicast} is not configured for queue support"):
+            d.plan(wait=5.0)
+    finally:
+        d.close()
+    d = _driver(anycast)
+    try:
+        assert sorted(_ids(d.drain(3, timeout=60))) == ["id-0", "id-1", "id-2"]
+        _settle_all(d)
+    finally:
+        d.close()
 
 
 def test_options_that_need_rabbitmqs_management_node_are_a_clear_error(queue: str, tmp_path: Path) -> None:

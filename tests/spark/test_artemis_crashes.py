@@ -1,6 +1,7 @@
 """The queue source over AMQP 1.0 on ActiveMQ Artemis (``AMQP_TEST_ARTEMIS_URL``), into Delta through SIGKILLs: exactly
-once with the journal, as on RabbitMQ (``test_exactly_once.py``). Artemis marks no redelivery, so the journal and
-the copies the source recognises are all there is between a replayed batch and a duplicate.
+once with the journal, as on RabbitMQ (``test_exactly_once.py``). Artemis marks a redelivery only sometimes (a
+delivery-count of 1 after some lost connections), so the journal and the copies the source recognises are all there is
+between a replayed batch and a duplicate.
 
 Artemis has no Trigger.AvailableNow for this source (no queue depth over AMQP 1.0), so the last run is an ordinary
 query, stopped once Delta holds every message and the broker has every one settled."""
