@@ -29,7 +29,11 @@ DELTA_SQL_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
 }
+# Local sessions listen on loopback only: where the hostname resolves to 127.0.0.1, Spark would
+# otherwise bind its driver to the machine's external interface (and warn that it does).
+LOOPBACK_CONF = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
 LOCAL_CONF = {
+    **LOOPBACK_CONF,
     "spark.ui.enabled": "false",
     "spark.sql.session.timeZone": "UTC",
     # Delta rebuilds a table's state from its log in 50 tasks by default; on one
@@ -67,7 +71,7 @@ def has_delta_jars_for(pyspark_version: str) -> bool:
 
 
 def delta_conf() -> dict[str, str]:
-    """Spark settings for Delta and local runs: jars, SQL extension, catalog, no UI, UTC, few snapshot tasks."""
+    """Spark settings for Delta and local runs: jars, SQL extension, catalog, loopback, no UI, UTC, few snapshot tasks."""
     return {"spark.jars": ",".join(delta_jars()), **DELTA_SQL_CONF, **LOCAL_CONF}
 
 
@@ -79,10 +83,12 @@ def local_spark(app_name: str, master: str = "local[2]", **extra_conf: object) -
     ``delta_conf()``.
 
     Python workers run this interpreter (it has pyarrow and spark_amqp) unless
-    PYSPARK_PYTHON / PYSPARK_DRIVER_PYTHON are set already.
+    PYSPARK_PYTHON / PYSPARK_DRIVER_PYTHON are set already; Spark runs on loopback
+    (``SPARK_LOCAL_IP`` unless set already, and ``LOOPBACK_CONF``).
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.master(master).appName(app_name)

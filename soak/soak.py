@@ -48,9 +48,10 @@ class Soak:
         self.nodes = [f"amqp://guest:guest@127.0.0.1:{p}/%2F" for p in (5701, 5702, 5703)]
         self.q, self.s, self.out_q, self.out_s, self.out_q10 = (f"soak.{k}.{self.tag}" for k in ("q", "s", "outq", "outs", "outq10"))
         os.environ["PYSPARK_PYTHON"] = sys.executable
+        os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"  # the master, the workers and their executors: on loopback too
         builder = SparkSession.builder.appName("spark-amqp soak").master("local-cluster[2,2,1024]")
         for key, value in {
-            "spark.ui.enabled": "false", "spark.driver.host": "127.0.0.1", "spark.sql.shuffle.partitions": "2",
+            "spark.ui.enabled": "false", "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1", "spark.sql.shuffle.partitions": "2",
             "spark.sql.streaming.numRecentProgressUpdates": "100", "spark.task.maxFailures": "8", "spark.ui.showConsoleProgress": "false",
         }.items():  # fmt: skip
             builder = builder.config(key, value)

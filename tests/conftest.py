@@ -26,6 +26,11 @@ from spark_amqp.transport.endpoints import EndpointOrder
 
 from . import brokers
 
+# Every Spark the tests start listens on loopback: the shared session (sparkenv.LOCAL_CONF binds it there too) and the
+# jobs, Spark Connect servers and pipelines that tests start as subprocesses, which inherit this. Where the hostname
+# resolves to 127.0.0.1, Spark would otherwise bind to the machine's external interface (tests/spark/test_loopback.py).
+os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+
 
 def _interrupted(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")

@@ -1,17 +1,17 @@
 """One round trip through ``format("amqp")`` on a Spark that is not the shared local session.
 
-    deploy_job.py --mode connect|local-cluster [--register] --uri URL --password PW \\
+    deploy_job.py --mode connect|local-cluster [--remote sc://HOST:PORT] [--register] --uri URL --password PW \\
         --in-queue Q --out-queue Q --messages N --work DIR
 
 Reads ``--in-queue`` into parquet (``<work>/out``) to its end, as the Databricks example
 does (``examples/databricks/amqp_to_delta_job.py``: an AvailableNow run on Spark 4.2+,
 processing-time batches stopped once the queue is drained on 4.0/4.1), then
-writes N rows with ``df.write.format("amqp")`` to ``--out-queue``. ``connect`` runs
-a local Spark Connect server (``builder.remote("local[2]")``); ``local-cluster``
-runs a master and two workers whose executors are separate JVMs, and records next
-to every row the JVM pid of the Python worker that handled it. Each needs a process of its
-own: a process holds one SparkContext, and a local Connect server cannot start
-beside a classic session (SESSION_ALREADY_EXIST).
+writes N rows with ``df.write.format("amqp")`` to ``--out-queue``. ``connect`` is a
+client of the Spark Connect server at ``--remote`` (the test starts it: ``connect_server.py``);
+``local-cluster`` runs a master and two workers whose executors are separate JVMs, on
+loopback, and records next to every row the JVM pid of the Python worker that handled it.
+Each needs a process of its own: a process holds one SparkContext, and a Connect client
+cannot start beside a classic session (SESSION_ALREADY_EXIST).
 
 With ``--register`` the module scan that Spark's auto-registration runs is made
 blind to ``pyspark_amqp`` (see ``hidden/sitecustomize.py``): the job checks that
@@ -51,20 +51,23 @@ def executor_jvm_pid() -> int:
     return -1
 
 
-def session(mode: str):  # type: ignore[no-untyped-def]
+def session(mode: str, remote: str | None):  # type: ignore[no-untyped-def]
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder.appName(f"spark-amqp {mode}").config("spark.ui.enabled", "false")
+    builder = SparkSession.builder.appName(f"spark-amqp {mode}")
     builder = builder.config("spark.sql.shuffle.partitions", "2").config("spark.sql.session.timeZone", "UTC")
     if mode == "connect":
-        return builder.remote("local[2]").getOrCreate()
+        assert remote, "--mode connect needs --remote"
+        return builder.remote(remote).getOrCreate()
     # Two workers of one core and 1 GiB each: executors in JVMs of their own, on loopback.
-    return builder.master("local-cluster[2,1,1024]").config("spark.driver.host", "127.0.0.1").getOrCreate()
+    builder = builder.config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")
+    return builder.config("spark.driver.bindAddress", "127.0.0.1").master("local-cluster[2,1,1024]").getOrCreate()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mode", choices=["connect", "local-cluster"], required=True)
+    parser.add_argument("--remote")
     parser.add_argument("--register", action="store_true")
     for name in ("--uri", "--password", "--in-queue", "--out-queue", "--work"):
         parser.add_argument(name, required=True)
@@ -74,7 +77,7 @@ def main() -> None:
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
     work = Path(args.work)
 
-    spark = session(args.mode)
+    spark = session(args.mode, args.remote)
     amqp = {"uri": args.uri, "password": args.password}
 
     if args.register:

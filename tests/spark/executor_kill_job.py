@@ -79,7 +79,8 @@ def main() -> None:
     # executor's Python workers have 10 s to connect back, which a loaded machine can miss: four failures of one task,
     # Spark's default, are within this test's violence. A CI run failed so early, with the cause cut from its output.
     builder = builder.config("spark.task.maxFailures", "8")
-    spark = builder.master("local-cluster[2,2,1024]").config("spark.driver.host", "127.0.0.1").getOrCreate()
+    builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+    spark = builder.master("local-cluster[2,2,1024]").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     hold = F.udf(lambda name, mid, marked: hold_for_kill(str(kills), name, mid, marked), "boolean")
 

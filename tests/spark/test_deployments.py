@@ -2,18 +2,20 @@
 ``spark_amqp.register``) and a multi-process Spark whose executors are other JVMs.
 
 Each case is a subprocess (``deploy_job.py``): one process holds one SparkContext, and a
-local Spark Connect server refuses to start beside the shared classic session. On the
-newest real RabbitMQ when one is set (CI), otherwise on the embedded broker: what is
-tested here is Spark's deployment, and each case starts Spark anew (about 40 s).
+Spark Connect client refuses to start beside the shared classic session. The Spark Connect
+case's server is a JVM of its own (``connect_server.py``: loopback, a port the system gives
+it), as a user's server would be. On the newest real RabbitMQ when one is set (CI), otherwise
+on the embedded broker: what is tested here is Spark's deployment, and each case starts
+Spark anew (about 40 s).
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -25,16 +27,13 @@ from spark_amqp_broker import EmbeddedBroker
 from ..broker.helpers import connect, drain
 from ..brokers import counts, publish
 from ..conftest import REAL_URL, NameFactory
+from .connect_server import ConnectServer
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(480)]  # its job has 420 s; on a loaded machine one took over 300
 
 JOB = Path(__file__).with_name("deploy_job.py")
 HIDDEN = Path(__file__).with_name("hidden")
 MESSAGES = 500
-# A local Spark Connect server listens on port 15002 (PySpark picks a free one only with SPARK_TESTING,
-# which changes more than that): runs on one machine (CI runs several lanes at once) take turns. The lock
-# is in the checkout, which every lane sees, the Python 3.13 lane's chroot included (its /tmp is its own).
-CONNECT_LOCK = Path(__file__).resolve().parents[2] / ".cache" / "spark-amqp-connect-15002.lock"
 
 
 @pytest.fixture(scope="module")
@@ -53,18 +52,27 @@ def _run(mode: str, url: str, work: Path, queues: tuple[str, str], register: boo
     args = [sys.executable, str(JOB), "--mode", mode, "--uri", urlunsplit(parts._replace(netloc=host))]
     args += ["--password", parts.password or "", "--in-queue", queues[0], "--out-queue", queues[1]]
     args += ["--messages", str(MESSAGES), "--work", str(work)]
-    env = dict(os.environ)
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     if register:
         args.append("--register")
+        # Where Spark's lookup runs: in the Python workers of the server's JVM.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HIDDEN), env.get("PYTHONPATH")) if p)
-    CONNECT_LOCK.parent.mkdir(exist_ok=True)
-    with CONNECT_LOCK.open("w") as lock:
-        if mode == "connect":
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=420)
-    output = done.stdout + done.stderr
-    assert done.returncode == 0 and "DONE" in done.stdout, output[-4000:]
-    assert ("NOT FOUND before register" in done.stdout) == register, output[-4000:]
+    deadline = time.monotonic() + 420  # the job's and its server's start share it, within the test's timeout
+    server = None
+    if mode == "connect":
+        conf = {"spark.sql.shuffle.partitions": "2", "spark.sql.session.timeZone": "UTC"}
+        server = ConnectServer(work / "server.log", conf, env, cwd=work)
+    try:
+        if server is not None:
+            server.wait_started(180)
+            args += ["--remote", server.url]
+        done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=deadline - time.monotonic())
+    finally:
+        if server is not None:
+            server.stop()
+    output = (done.stdout + done.stderr)[-4000:] + (f"\n--- the server's log:\n{server.output()[-3000:]}" if server else "")
+    assert done.returncode == 0 and "DONE" in done.stdout, output
+    assert ("NOT FOUND before register" in done.stdout) == register, output
     return dict(json.loads((work / "info.json").read_text()))
 
 
