@@ -1,4 +1,9 @@
-"""spark-amqp: RabbitMQ / AMQP 0-9-1 connector for PySpark Structured Streaming."""
+"""spark-amqp: a PySpark Structured Streaming source and sink for AMQP brokers.
+
+It speaks AMQP 0-9-1 (RabbitMQ), AMQP 1.0 (RabbitMQ 4 and ActiveMQ Artemis: option
+``protocol=amqp1.0``) and RabbitMQ's stream protocol (a ``rabbitmq-stream://`` uri), as Spark 4's
+Python data source ``format("amqp")``: queues and RabbitMQ streams in, messages out.
+"""
 
 from __future__ import annotations
 
@@ -25,10 +30,16 @@ def register(spark: Any) -> None:
 
     It also makes ``spark`` the active session of the calling thread (classic Spark): call it
     in every thread of your own that runs ``df.write`` or ``writeStream`` with ``format("amqp")``.
+
+    On Spark Connect it does nothing where Spark's lookup already finds this package's source:
+    there a data source registered in the session made PySpark 4.3.0's Declarative Pipelines CLI
+    fail runs that had completed (SPARK-59135, docs/pipelines.md).
     """
     # Imported here so that `import spark_amqp` (and its version) works without PySpark.
     from .datasource import AmqpDataSource
 
+    if getattr(spark, "_jsparkSession", None) is None and _found_by_spark(spark):
+        return
     try:
         spark.dataSource.register(AmqpDataSource)
     except Exception as e:
@@ -49,3 +60,16 @@ def register(spark: Any) -> None:
             type(spark)._get_j_spark_session_class(spark._jvm).setActiveSession(jsession)
         except Exception as err:  # e.g. py4j calls not allowed (Databricks table ACLs): registered all the same
             logging.getLogger("spark_amqp").debug("spark_amqp.register: this thread's active session not set: %s", err)
+
+
+def _found_by_spark(spark: Any) -> bool:
+    """Whether ``format("amqp")`` resolves to this package's source in a Spark Connect session already.
+
+    A read without options is analysed, never run: Spark looks the name up and asks the source for
+    its schema, which ours refuses without a uri (no connection is opened). Any other answer, not
+    found included, leaves the decision to registering."""
+    try:
+        spark.read.format("amqp").load().schema  # noqa: B018 (the schema is the lookup)
+    except Exception as err:
+        return "option 'uri' is required" in str(err)
+    return False

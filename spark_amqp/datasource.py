@@ -15,7 +15,10 @@ __all__ = ["AmqpDataSource"]
 
 
 class AmqpDataSource(DataSource):
-    """RabbitMQ / AMQP 0-9-1 queues as a Spark streaming source.
+    """AMQP brokers as a Spark streaming source and sink. It speaks AMQP 0-9-1 (RabbitMQ), AMQP 1.0
+    (RabbitMQ 4 and ActiveMQ Artemis: option ``protocol=amqp1.0``) and RabbitMQ's stream protocol
+    (a ``rabbitmq-stream://`` uri): it reads queues (option ``queue``) and RabbitMQ streams (option
+    ``stream``), and writes to exchanges, queues and streams.
 
     Name: ``amqp``. Schema (fixed): ``body`` binary, ``queue``, ``exchange``,
     ``routing_key``, ``delivery_tag``, ``redelivered``, the message properties
