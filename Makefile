@@ -275,5 +275,9 @@ bench: $(STAMP) $(JARS_STAMP) $(PERFTEST_STAMP) $(DELTA_VENV)/.wheel
 	@if [ -n "$$AMQP_TEST_URL" ]; then echo "$(PY) benchmarks/stream_throughput.py"; $(PY) benchmarks/stream_throughput.py; \
 	else echo "benchmarks/stream_throughput.py skipped: it needs RabbitMQ with stream queues in AMQP_TEST_URL"; fi
 
+## A variable's value, for scripts that must not spell it again (.ci/run: make -s print-DELTA_LINE).
+print-%:
+	@echo '$($*)'
+
 clean:
 	rm -rf $(VENV) $(PY313_VENV) $(PYSPARK_LINES:%=.venv-pyspark%) build broker/build dist .pytest_cache .mypy_cache .ruff_cache

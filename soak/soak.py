@@ -24,6 +24,7 @@ import random
 import sys
 import threading
 import time
+import urllib.parse
 import uuid
 from pathlib import Path
 from typing import Any
@@ -98,8 +99,11 @@ class Soak:
 
         read("queue", self.amqp, queue=self.q, journalLocation=str(work / "journal"))
         read("stream over the stream protocol", self.stream, stream=self.s, loadBalancer="true")
-        read("stream over AMQP 0-9-1", self.amqp, stream=self.s)
-        read("stream over AMQP 1.0", self.amqp, stream=self.s, protocol="amqp1.0")
+        # Over AMQP, what RabbitMQ did not deliver is asked on the stream port of the uri's first node (here each node
+        # has ports of its own; 5552 is another broker's).
+        port = str(urllib.parse.urlsplit(tool("rabbitmq", "stream-url", "c1")).port)
+        read("stream over AMQP 0-9-1", self.amqp, stream=self.s, streamPort=port)
+        read("stream over AMQP 1.0", self.amqp, stream=self.s, protocol="amqp1.0", streamPort=port)
         write("AMQP 0-9-1 sink", self.amqp, routingKey=self.out_q)
         write("stream sink", self.stream, stream=self.out_s, loadBalancer="true")
         write("AMQP 1.0 sink", self.amqp, routingKey=self.out_q10, protocol="amqp1.0")

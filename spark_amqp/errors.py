@@ -45,6 +45,7 @@ __all__ = [
     "StreamResponseError",
     "TokenError",
     "TokenUnavailable",
+    "Unchecked",
     "explain",
     "is_transient",
     "method_name",
@@ -68,6 +69,12 @@ class AmqpSourceError(AmqpConnectorError):
 class BrokerUnreachable(AmqpSourceError):
     """A transient fault (connection refused or lost, no answer) that outlasted ``connectionTimeout``:
     fatal when a query starts, waited out with backoff once it has reached the broker."""
+
+
+class Unchecked(BrokerUnreachable):
+    """The broker answers, but what decides whether reading on would skip messages cannot be asked where it must be (the
+    stream protocol's port, asked what RabbitMQ did not deliver over AMQP): waited out as an outage is, and then the
+    query fails with this message, which says what was not delivered and what to change (``Outage.check``)."""
 
 
 class AmqpPublishError(AmqpConnectorError):

@@ -124,3 +124,27 @@ def test_a_broker_that_stops_sending_heartbeats_is_dropped_as_transient() -> Non
         assert closed.wait(5)
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("protocol", ["amqp0-9-1", "amqp1.0"])
+def test_an_unanswered_question_names_an_amqp_0_9_1_method_to_amqp_0_9_1_users_only(protocol: str) -> None:
+    # A query over AMQP 1.0 asks some questions over AMQP 0-9-1 as well (stream mode's planning): its outage error once
+    # named Channel.Close, a method of a protocol its user never chose.
+    server, _ = _silent_after_handshake(heartbeat=0)
+    port = server.getsockname()[1]
+
+    async def run() -> str:
+        options = _options(f"amqp://u@127.0.0.1:{port}/", protocol=protocol, connectionTimeout="0.5")
+        client = await AmqpClient.connect(options, "test")
+        with pytest.raises(ConnectionLost) as lost:
+            await client.channel()
+        return str(lost.value)
+
+    try:
+        said = asyncio.run(run())
+    finally:
+        server.close()
+    if protocol == "amqp1.0":
+        assert said == "the broker did not answer within 0.5s", said
+    else:
+        assert said == "the broker did not answer Channel.Open within 0.5s", said

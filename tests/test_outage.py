@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from spark_amqp.errors import AllEndpointsFailed, BrokerUnreachable, ConnectionLost
+from spark_amqp.errors import AllEndpointsFailed, AmqpSourceError, BrokerUnreachable, ConnectionLost, Unchecked
 from spark_amqp.transport.outage import BrokerOutage, Outage
 
 WHERE = "amqp://etl@h1:5672,h2:5672/prod"
@@ -95,3 +95,30 @@ def test_a_recovery_recorded_by_another_thread_during_a_check_is_no_error() -> N
     o = RecoveringMidCheck(120.0, WHERE)
     o.check(now=50.0)  # not yet the deadline, and no TypeError
     assert o.seconds(now=50.0) == 0.0  # recovered by now
+
+
+def test_the_deadline_counts_from_the_last_answer_not_from_when_the_silence_was_found() -> None:
+    # With the default heartbeat (60 s) a silent network is found after two minutes of missed heartbeats: counted
+    # from then, a query on a silent node once sat for twice brokerOutageTimeout.
+    o = Outage(120.0, WHERE)
+    o.failed(ConnectionLost("nothing from the broker for 120s: missed heartbeats"), now=130.0, heard=10.0)
+    assert o.seconds(now=130.0) == 120.0 and o.left(now=125.0) == 5.0
+    with pytest.raises(BrokerOutage, match=r"for 120s \(brokerOutageTimeout=120s\)"):
+        o.check(now=130.0)
+    later = Outage(120.0, WHERE)
+    later.failed(ConnectionLost("connection reset"), now=50.0)
+    later.failed(ConnectionLost("missed heartbeats"), now=60.0, heard=0.0)  # the outage had begun: it stays
+    assert later.seconds(now=60.0) == 10.0
+    early = Outage(120.0, WHERE)
+    early.failed(ConnectionLost("connection reset"), now=50.0, heard=70.0)  # a clock read after the failure's
+    assert early.seconds(now=50.0) == 0.0
+
+
+def test_a_check_that_cannot_be_asked_fails_with_its_own_message_the_broker_having_answered() -> None:
+    o = Outage(20.0, WHERE)
+    o.failed(Unchecked("stream 's': offsets 100 to 199 did not come over AMQP 0-9-1, … at 127.0.0.1:1"), now=0.0)
+    o.check(now=19.0)
+    with pytest.raises(AmqpSourceError) as failed:
+        o.check(now=20.0)
+    assert not isinstance(failed.value, BrokerOutage)
+    assert str(failed.value).startswith("stream 's': offsets 100 to 199 did not come") and "brokerOutageTimeout=20s" in str(failed.value)

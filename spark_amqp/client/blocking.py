@@ -32,6 +32,9 @@ class Connection(Protocol):
 
     closed: asyncio.Future[Any]
 
+    @property
+    def last_heard(self) -> float: ...
+
     async def close(self) -> None: ...
 
     def abort(self, reason: Any) -> None: ...
@@ -50,6 +53,9 @@ class BlockingClient(Generic[C]):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._client: C | None = None
+        # When the connection last dropped after a failure had last heard from its broker (monotonic): an outage that
+        # failure opens began then (``Outage.failed``).
+        self.heard: float | None = None
 
     def run(self, call: Callable[[C], Awaitable[T]], subject: str, retry_for: float | None = None) -> T:
         """``call(client)`` on the loop thread; ``subject`` names what is asked about in errors (e.g. "stream 'events'").
@@ -61,6 +67,9 @@ class BlockingClient(Generic[C]):
             try:
                 return self._submit(call)
             except Exception as err:
+                client = self._client
+                if client is not None:
+                    self.heard = client.last_heard
                 self._drop()
                 if isinstance(err, AmqpSourceError):
                     raise
@@ -106,7 +115,7 @@ class BlockingClient(Generic[C]):
         client = self._client
         if client is None or client.closed.done():
             client = await self._connect(self.options, self.client_name)
-            self._client = client
+            self._client, self.heard = client, None
         return await call(client)
 
     def _drop(self) -> None:

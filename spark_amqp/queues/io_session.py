@@ -164,7 +164,7 @@ class IoSession:
                 self.fatal = self._error(reason)
                 return
             self._last_error = str(reason)
-            self.outage.failed(reason)
+            self.outage.failed(reason, heard=client.last_heard)
             log.warning("AMQP source: connection to %s lost (%s); reconnecting", connection.display_uri, reason)
             await asyncio.sleep(backoff.next())
 

@@ -74,7 +74,7 @@ class Amqp10PartitionPublisher:
             except LetDown as down:
                 again = list(self._unsettled.values())  # in the order they were sent
                 lists = itertools.chain([again + (down.unsent or [])], lists)
-                delay = reconnects.after(down, bool(window.acked), len(again))
+                delay = reconnects.after(down, bool(window.acked), len(again), client.last_heard)
                 left = client.endpoint
             finally:
                 await client.close()

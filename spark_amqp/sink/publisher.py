@@ -72,7 +72,7 @@ class PartitionPublisher:
             except LetDown as down:
                 again = window.unanswered()
                 source = itertools.chain(again, [down.unsent] if down.unsent is not None else [], source)
-                delay = reconnects.after(down, bool(window.acked), len(again))
+                delay = reconnects.after(down, bool(window.acked), len(again), client.last_heard)
                 last = client.endpoint
             finally:
                 await client.close()
@@ -252,14 +252,15 @@ class Reconnects:
         self.outage = Outage(opts.connection.outage_timeout, opts.connection.display_uri, retried_since)
         self._backoff = Backoff()
 
-    def after(self, down: LetDown, confirmed: bool, again: int) -> float:
+    def after(self, down: LetDown, confirmed: bool, again: int, heard: float | None = None) -> float:
         """How long to wait before connecting again, ``again`` messages to publish again; raises once the outage has
-        lasted too long. ``confirmed``: the connection that let the publisher down had confirmed something."""
+        lasted too long. ``confirmed``: the connection that let the publisher down had confirmed something; ``heard``:
+        when it last heard from its broker."""
         outage = self.outage
         if confirmed:
             outage.recovered()
             self._backoff.reset()
-        outage.failed(down.error, unreachable=False)
+        outage.failed(down.error, unreachable=False, heard=heard)
         delay = self._backoff.next()
         if not outage.allows(delay):
             raise AmqpPublishError(f"{down.error} ({outage.waited()}); the task fails so that Spark retries it") from down.__cause__

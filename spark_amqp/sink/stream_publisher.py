@@ -96,7 +96,7 @@ class StreamPartitionPublisher:
                 if self.confirmed > confirmed_before:
                     backoff.reset()
                     outage.recovered()
-                outage.failed(failed.reason, unreachable=failed.unreachable)
+                outage.failed(failed.reason, unreachable=failed.unreachable, heard=self._heard())
                 delay = backoff.next()
                 if not self._may_retry(failed, outage, delay):
                     raise self._error(failed, outage, delay) from failed.reason
@@ -116,6 +116,11 @@ class StreamPartitionPublisher:
                 await self._close()
 
     # -- the connection --------------------------------------------------------------------
+
+    def _heard(self) -> float | None:
+        """When the connections that let the publisher down last heard from their brokers (None: none was open)."""
+        heard = [c.last_heard for c in (self._client, *self._via) if c is not None]
+        return max(heard) if heard else None
 
     async def _connect(self) -> None:
         opts = self.options

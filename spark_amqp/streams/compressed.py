@@ -11,8 +11,12 @@ is there, and a compressed sub-entry fails the read at once, naming the stream, 
 saying to read over the stream protocol, which decompresses every codec.
 
 The question goes to the uri's hosts on the stream protocol's port (option ``streamPort``; by default 5552, 5551
-over TLS), with the same login and TLS. Where that cannot be reached, it is asked no more: a stream written
-by stream clients is reachable there, and a warning says the read could not be checked.
+over TLS), with the same login and TLS. Where that cannot be reached, nothing tells a compressed sub-entry from
+offsets that hold no message (the tracking chunk RabbitMQ opens each segment with), and reading on would skip the
+first without a word: an availableNow run once ended "successfully" with 0 of 2,000 rows so. So ``Unchecked`` is
+raised, which the caller waits out as an outage (the port may come back) and which then fails the read, naming the
+stream, the offsets and the port, within ``brokerOutageTimeout``. With ``failOnDataLoss=false`` the read goes on
+past them instead, with a warning.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import logging
 import weakref
 
 from ..client import AmqpClient
-from ..errors import AmqpProtocolError, AmqpSourceError, ConnectionLost
+from ..errors import AmqpProtocolError, AmqpSourceError, ConnectionLost, Unchecked
 from ..stream_protocol import chunks
 from ..stream_protocol.client import OffsetSpec, StreamClient
 from ..stream_protocol.compression import CODECS
@@ -32,7 +36,7 @@ from ..transport.endpoints import Endpoint
 from ..transport.options import ConnectionOptions
 from .protocol_probe import chunk_data, free_subscription, has_stats
 
-__all__ = ["CompressedCheck", "CompressedSubEntry", "stream_protocol_options"]
+__all__ = ["CompressedCheck", "CompressedSubEntry", "UncheckedRefused", "stream_protocol_options", "undelivered"]
 
 log = logging.getLogger("spark_amqp.streams")
 
@@ -47,6 +51,11 @@ class CompressedSubEntry(AmqpSourceError):
     """A range read over AMQP 0-9-1 holds records of a compressed sub-entry, which RabbitMQ does not deliver there."""
 
 
+class UncheckedRefused(AmqpSourceError):
+    """``Unchecked``, but the stream protocol's port refused the question for good (another broker there, a login it
+    refuses): not waited out."""
+
+
 def stream_protocol_options(options: ConnectionOptions) -> ConnectionOptions:
     """The same hosts, login and TLS, on the stream protocol's port."""
     port = options.stream_port or (STREAM_TLS_PORT if options.tls is not None else STREAM_PORT)
@@ -57,12 +66,14 @@ def stream_protocol_options(options: ConnectionOptions) -> ConnectionOptions:
 
 
 class CompressedCheck:
-    """Questions about what an AMQP 0-9-1 reader did not get; the stream-protocol connection is opened on the first,
-    and kept (one per reader, or per planning connection: ``for_client``)."""
+    """Questions about what an AMQP reader did not get; the stream-protocol connection is opened on the first, and kept
+    (one per reader, or per planning connection: ``for_client``). ``fail_on_data_loss``: False reads on, with a
+    warning, past offsets that cannot be checked."""
 
-    def __init__(self, options: ConnectionOptions) -> None:
+    def __init__(self, options: ConnectionOptions, fail_on_data_loss: bool = True) -> None:
         self.options = stream_protocol_options(options)
-        self.unreachable: str | None = None  # why the stream protocol could not be asked
+        self.fail_on_data_loss = fail_on_data_loss
+        self.protocol = "AMQP 1.0" if options.amqp10 else "AMQP 0-9-1"
         self._client: StreamClient | None = None
 
     @classmethod
@@ -74,13 +85,21 @@ class CompressedCheck:
             client.closed.add_done_callback(lambda _: check.abort())
         return check
 
-    async def refuse(self, stream: str, spec: tuple[int, int], before: int | None = None, scan: bool = True) -> None:
+    async def refuse(
+        self,
+        stream: str,
+        spec: tuple[int, int],
+        before: int | None = None,
+        scan: bool = True,
+        missing: str | None = None,
+        within: float | None = None,
+    ) -> None:
         """Raises ``CompressedSubEntry`` when the chunks from ``spec`` up to offset ``before`` (the first only without
-        ``before`` or ``scan``) hold a compressed sub-entry with a record before ``before``."""
-        client = await self._connected(stream)
-        if client is None:
-            return
+        ``before`` or ``scan``) hold a compressed sub-entry with a record before ``before``; ``Unchecked`` when the
+        stream protocol cannot be asked (``missing`` says what did not come, for its message). ``within``: the most a
+        connection attempt may take (the time left before a deadline)."""
         try:
+            client = await self._connected(stream, within)
             if spec == OffsetSpec.LAST and has_stats(client) and (await client.stats(stream)).get("committed_chunk_id", -1) < 0:
                 return  # empty: nothing to wait for
             if before is None or not scan:
@@ -90,7 +109,8 @@ class CompressedCheck:
             else:
                 await self._scan(client, stream, spec, before)
         except AmqpProtocolError as err:
-            self._give_up(stream, err)
+            self.abort()
+            self._unanswered(stream, missing or undelivered(spec, before), err)
 
     async def _scan(self, client: StreamClient, stream: str, spec: tuple[int, int], before: int) -> None:
         """The chunks from ``spec`` up to ``before``, their entries' heads only (RabbitMQ 3.10 refuses a whole read at a
@@ -122,26 +142,50 @@ class CompressedCheck:
         if client is not None:
             client.abort(ConnectionLost("closed"))
 
-    async def _connected(self, stream: str) -> StreamClient | None:
-        if self.unreachable is not None:
-            return None
+    async def _connected(self, stream: str, within: float | None) -> StreamClient:
         if self._client is None or self._client.closed.done():
-            try:
-                self._client = await connect_to_member(self.options, stream, "spark-amqp sub-entry check")
-            except AmqpProtocolError as err:
-                self._give_up(stream, err)
-                return None
+            options = self.options
+            if within is not None and within < options.connection_timeout:
+                options = dataclasses.replace(options, connection_timeout=max(0.1, within))
+            self._client = await connect_to_member(options, stream, "spark-amqp sub-entry check")
         return self._client
 
-    def _give_up(self, stream: str, err: AmqpProtocolError) -> None:
-        self.unreachable = str(err)
-        log.warning(
-            "AMQP source: stream '%s': cannot ask %s whether offsets RabbitMQ did not deliver over AMQP 0-9-1 are compressed "
-            "sub-entries (%s); reading on as if none were",
-            stream,
-            self.options.display_uri,
-            err,
+    def _unanswered(self, stream: str, missing: str, err: AmqpProtocolError) -> None:
+        ports = ", ".join(str(e) for e in self.options.endpoints)
+        said = (
+            f"stream '{stream}': {missing} did not come over {self.protocol}, and whether they are compressed sub-entries "
+            f"(which RabbitMQ does not deliver over AMQP 0-9-1 and 1.0) or offsets that hold no message (the tracking chunk "
+            f"RabbitMQ opens each segment with) could not be asked over the stream protocol at {ports}: {err}"
         )
+        if not self.fail_on_data_loss:
+            log.warning("AMQP source: %s; reading on past them (failOnDataLoss=false)", said)
+            return
+        if not err.transient:
+            # A refusal there (a login, a port that speaks another protocol, a stream it does not know) is not waited out.
+            raise UncheckedRefused(said + _FIX)
+        raise Unchecked(said + _FIX) from err
+
+
+# What the user can change, after every message of ``Unchecked``.
+_FIX = (
+    ". Set option 'streamPort' to the port of the broker's stream protocol (plugin rabbitmq_stream; 5552, or 5551 "
+    "with TLS), or read the stream with a rabbitmq-stream:// uri; with failOnDataLoss=false the read goes on past "
+    "offsets it cannot check, skipping them if they are compressed"
+)
+
+
+def undelivered(spec: tuple[int, int], before: int | None) -> str:
+    """What a read or probe from ``spec`` (up to ``before``) did not get, in words."""
+    kind, value = spec
+    if spec == OffsetSpec.LAST:
+        return "the messages of its last chunk"
+    if spec == OffsetSpec.FIRST:
+        return "its messages from its first offset on"
+    if kind == OffsetSpec.timestamp(0)[0]:
+        return f"its messages from the chunk written at or after {value} ms (epoch) on"
+    if before is None:
+        return f"its messages from offset {value} on"
+    return f"offset {value}" if before == value + 1 else f"offsets {value} to {before - 1}"
 
 
 def _refuse(stream: str, spans: list[tuple[int, int, int | None]], before: int | None) -> None:

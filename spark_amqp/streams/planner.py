@@ -91,7 +91,7 @@ class StreamPlanner:
                 raise
             # Once started, an outage that keeps a question from being answered means no new batch yet,
             # until it has lasted brokerOutageTimeout.
-            self.outage.failed(err)
+            self.outage.failed(err, heard=self.client.heard)
             self.outage.check()
             log.warning("AMQP source: %s; no new batch until the broker answers", err)
             kept = {s: n for s, n in origin.positions if s in self.streams}
@@ -171,7 +171,7 @@ class StreamPlanner:
                 self.outage.recovered()
                 return
             except BrokerUnreachable as err:
-                self.outage.failed(err)
+                self.outage.failed(err, heard=self.client.heard)
                 self.outage.check()
                 delay = backoff.next()
                 log.warning("AMQP source: %s; planning the batch again in %.1fs", err, delay)
@@ -222,6 +222,7 @@ class StreamPlanner:
         # The last ends measured, if they cover every stream read now (a super stream can gain partitions).
         known = self._known if self._known is not None and set(streams) <= set(self._known) else None
         if known is not None and time.monotonic() < self._retry_at:
+            self.outage.check()  # not only at the next attempt: that may come after the deadline
             return {s: known[s] for s in streams}
         try:
             # Once the broker was reached, one attempt per call: Spark's loop goes on while it is away.
@@ -229,9 +230,9 @@ class StreamPlanner:
         except BrokerUnreachable as err:
             if known is None:
                 raise
-            self.outage.failed(err)
+            self.outage.failed(err, heard=self.client.heard)
             self.outage.check()
-            delay = self._backoff.next()
+            delay = min(self._backoff.next(), self.outage.left())
             self._retry_at = time.monotonic() + delay
             log.warning(
                 "AMQP source: %s; no new batch until the broker answers (asking again in %.1fs, attempt %d)",

@@ -21,7 +21,8 @@ in ``rabbit_stream_queue``):
 
 A probe that gets nothing from a stream that counts messages may be at a compressed sub-entry, which RabbitMQ
 does not deliver over AMQP 0-9-1 (4.x sends nothing, 3.10 closes the connection): after ``CHECK_AFTER`` of
-silence, or at that 541, the stream protocol is asked (``compressed.py``).
+silence, or at that 541, the stream protocol is asked (``compressed.py``). Where it cannot be asked, a probe that
+still gets nothing raises ``Unchecked``: taking the stream for empty would end a read with none of its messages.
 
 Other queue types refuse the ``x-stream-offset`` argument (406), and a delivery
 without an ``x-stream-offset`` header is refused as well, never acked."""
@@ -38,12 +39,12 @@ from pamqp import commands
 from .. import framing
 from ..client import AmqpClient
 from ..client.properties import LazyProperties
-from ..errors import InternalError
+from ..errors import InternalError, Unchecked
 from ..rabbitmq import FILTER_VALUE_HEADER
 from ..reading.stream_consumers import consume, not_a_stream, stream_offset
 from ..stream_protocol.client import OffsetSpec
-from .compressed import CompressedCheck
-from .waits import CHECK_AFTER, EMPTY_WAIT
+from .compressed import CompressedCheck, UncheckedRefused, undelivered
+from .waits import CHECK_AFTER, EMPTY_WAIT, UNCHECKED_WAIT
 
 __all__ = ["filter_value_at", "head", "message_at", "offset_at", "tail"]
 
@@ -133,7 +134,7 @@ async def _probe(client: AmqpClient, stream: str, spec: Any, prefetch: int, to_t
             # Messages, and none comes (or a tail that finds none, where the count lags by up to 5 s): compressed ones
             # there, or a slow broker. Else an empty stream, or one that has nothing at or after that moment.
             if declared.message_count or to_the_end:
-                await _refuse_compressed(client, stream, spec)
+                await _unless_compressed(client, stream, spec, declared.message_count, arrived)
             if declared.message_count:
                 try:
                     await asyncio.wait_for(arrived.wait(), patience)
@@ -146,7 +147,7 @@ async def _probe(client: AmqpClient, stream: str, spec: Any, prefetch: int, to_t
             await channel.rpc(qos)  # a barrier: what the ack made readable comes before its reply
         await channel.rpc(framing.build(commands.Basic.Cancel, consumer_tag=tag))
     except InternalError:  # RabbitMQ 3.10 closes the connection with 541 at a compressed sub-entry
-        await _refuse_compressed(client, stream, spec)
+        await _refuse_compressed(client, stream, spec, 0)
         raise
     finally:
         await channel.close()
@@ -155,8 +156,30 @@ async def _probe(client: AmqpClient, stream: str, spec: Any, prefetch: int, to_t
     return seen
 
 
-async def _refuse_compressed(client: AmqpClient, stream: str, spec: Any) -> None:
-    """Raises ``CompressedSubEntry`` if what a probe at ``spec`` did not get is a compressed sub-entry."""
+async def _unless_compressed(client: AmqpClient, stream: str, spec: Any, count: int, arrived: asyncio.Event) -> None:
+    """Nothing came: raises ``CompressedSubEntry`` if a compressed sub-entry is why. Where the stream protocol cannot be
+    asked, a stream that counts messages but sends none for ``UNCHECKED_WAIT`` more raises ``Unchecked``: taking it for
+    empty would end a read with none of its messages. One whose count reads 0 is empty (the count lags a first write by
+    up to 5 s: docs/streams.md says so)."""
+    try:
+        await _refuse_compressed(client, stream, spec, count)
+    except (Unchecked, UncheckedRefused) as unchecked:
+        if not count:
+            return
+        if spec not in ("first", "last"):
+            # A consumer from an offset or a moment reads on to the stream's end, so if the end is delivered, nothing
+            # came because nothing is there; ``tail`` raises ``Unchecked`` where the end is not delivered either.
+            await tail(client, stream)
+            return
+        try:
+            await asyncio.wait_for(arrived.wait(), UNCHECKED_WAIT)  # a slow broker's delivery, after all
+        except TimeoutError:
+            raise unchecked from None
+
+
+async def _refuse_compressed(client: AmqpClient, stream: str, spec: Any, count: int) -> None:
+    """Raises ``CompressedSubEntry`` if what a probe at ``spec`` did not get is a compressed sub-entry (``Unchecked`` if
+    that cannot be asked); ``count``: the stream's message count."""
     if spec == "first":
         at = OffsetSpec.FIRST
     elif spec == "last":
@@ -165,4 +188,5 @@ async def _refuse_compressed(client: AmqpClient, stream: str, spec: Any) -> None
         at = OffsetSpec.timestamp(int(spec.timestamp() * 1000))
     else:
         at = OffsetSpec.offset(int(spec))
-    await CompressedCheck.for_client(client).refuse(stream, at)
+    missing = undelivered(at, None) + (f" (the stream counts {count} messages)" if count else "")
+    await CompressedCheck.for_client(client).refuse(stream, at, missing=missing)

@@ -17,7 +17,7 @@ import asyncio
 import logging
 from typing import Any
 
-from ..errors import AmqpSourceError, ConnectionLost, InternalError, explain, is_transient
+from ..errors import AmqpSourceError, ConnectionLost, InternalError, Unchecked, explain, is_transient
 from ..transport.backoff import Backoff
 from ..transport.outage import Outage
 from . import filtering
@@ -238,6 +238,10 @@ class RangeReader:
             try:
                 last = await self.access.tail(self.client, self.part.stream)
                 end = 0 if last is None else last[0] + 1
+            except Unchecked:
+                pass  # where it ends cannot be told now: waited out below as a stalled connection is
+            except AmqpSourceError:
+                raise
             except Exception as err:
                 if not is_transient(err):
                     raise self._explained(err) from err
@@ -274,10 +278,10 @@ class RangeReader:
         """Read again after the last offset read, once the backoff's delay has passed. The planner reached the
         broker before this task was planned, so an outage is waited out, with a warning each time, for up to
         brokerOutageTimeout (then the task fails, naming each endpoint's last error, and Spark retries it)."""
-        self.outage.failed(err, unreachable=self.connecting)
+        self.outage.failed(err, unreachable=self.connecting, heard=self._heard())
         self.connecting = False
         self.outage.check()
-        delay = self.backoff.next()
+        delay = min(self.backoff.next(), self.outage.left())  # the last attempt starts in time
         log.warning(
             "AMQP source: reading stream '%s' from offset %d again in %.1fs (attempt %d) after: %s",
             self.part.stream,
@@ -290,6 +294,10 @@ class RangeReader:
         if client is not None:
             client.abort(ConnectionLost("resuming"))
         await asyncio.sleep(delay)
+
+    def _heard(self) -> float | None:
+        """When the connection that failed last heard from its broker (None: none was open)."""
+        return None if self.client is None else float(self.client.last_heard)
 
     def _explained(self, err: BaseException) -> AmqpSourceError:
         c = self.options.connection

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from typing import Any
 
 from ..client import AmqpClient, ClientChannel
+from ..errors import Unchecked
 from ..reading import stream_consumers
 from ..reading.stream_consumers import not_a_stream, stream_offset
 from ..stream_protocol.client import OffsetSpec
-from .compressed import CompressedCheck
+from ..transport.backoff import Backoff
+from ..transport.outage import Outage
+from .compressed import CompressedCheck, UncheckedRefused
 from .options import StreamSourceOptions
 from .range_base import RangeReader
 from .ranges import StreamRange
@@ -27,6 +31,7 @@ __all__ = ["ACK_SHARE", "AmqpRangeReader"]
 # batch is planned and read"): one consumer read 57-63k msg/s acking every 1000 of 2000,
 # 75-85k acking every 125.
 ACK_SHARE = 16
+log = logging.getLogger("spark_amqp.streams")
 _tags = itertools.count(1)
 
 
@@ -38,8 +43,12 @@ class AmqpRangeReader(RangeReader):
         self.last_tag = 0
         self.credit = max(1, min(options.prefetch, part.size))
         # RabbitMQ does not deliver compressed sub-entries over AMQP 0-9-1: offsets that do not come are checked.
-        self.compressed = CompressedCheck(options.connection)
+        self.compressed = CompressedCheck(options.connection, options.fail_on_data_loss)
         self._checked_at = -1  # the offset a silence was last checked at
+        # Where the stream protocol cannot be asked, asked again with backoff, up to brokerOutageTimeout (``_asked``).
+        self.unchecked = Outage(options.connection.outage_timeout, self.compressed.options.display_uri)
+        self._unchecked_at = -1  # the offset the questions that got no answer are about
+        self._check_backoff = Backoff()
 
     async def _connect(self) -> None:
         self.client = await AmqpClient.connect(self.options.connection, f"spark-amqp stream reader {self.part.stream}")
@@ -72,12 +81,39 @@ class AmqpRangeReader(RangeReader):
         if self._checked_at == self.next_offset:
             return False
         self._checked_at = self.next_offset
-        # The chunk that holds the offset awaited is enough: a compressed sub-entry there is why nothing comes.
-        await self.compressed.refuse(self.part.stream, OffsetSpec.offset(self.next_offset), before=self.part.end, scan=False)
+        # The chunk that holds the offset awaited is enough: a compressed sub-entry there is why nothing comes. A silence
+        # proves nothing (a slow broker, a failover): where the question cannot be asked, the read waits on as before
+        # it, and what then comes after a jump, or never, is checked (``_unseen``, ``_silent``).
+        try:
+            await self.compressed.refuse(self.part.stream, OffsetSpec.offset(self.next_offset), before=self.part.end, scan=False)
+        except (Unchecked, UncheckedRefused) as err:
+            log.debug("AMQP source: %s", err)
         return True
 
     async def _unseen(self, start: int, stop: int) -> None:
-        await self.compressed.refuse(self.part.stream, OffsetSpec.offset(start), before=stop)
+        while (delay := await self._asked(start, stop)) is not None:
+            await asyncio.sleep(delay)
+
+    async def _asked(self, start: int, stop: int) -> float | None:
+        """None once the stream protocol told what offsets ``start`` to ``stop - 1`` hold (``CompressedSubEntry`` if a
+        compressed sub-entry); while it cannot be asked, how long to wait before asking again, until that has lasted
+        brokerOutageTimeout (then the error says what was not delivered and what to change)."""
+        if self._unchecked_at != start:
+            self._unchecked_at = start
+            self.unchecked.recovered()
+            self._check_backoff.reset()
+        try:
+            within = self.unchecked.left() if self.unchecked.down else None  # the last attempt ends by the deadline
+            await self.compressed.refuse(self.part.stream, OffsetSpec.offset(start), before=stop, within=within)
+        except Unchecked as err:
+            self.unchecked.failed(err)
+            self.unchecked.check()
+            delay = min(self._check_backoff.next(), self.unchecked.left())
+            log.warning("AMQP source: %s; asking again in %.1fs", err, delay)
+            return delay
+        self.unchecked.recovered()
+        self._check_backoff.reset()
+        return None
 
     async def _resume(self, err: BaseException) -> None:
         self.channel = None

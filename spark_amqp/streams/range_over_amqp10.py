@@ -45,6 +45,7 @@ class Amqp10RangeReader(AmqpRangeReader):
         self.rows_of: RowMaker | None = None
         self._unsettled: tuple[int, int] | None = None  # (first, last) delivery ids not yet settled
         self.expression = options.expression
+        self._link_heard: float | None = None  # when the link's connection, dropped to resume, last heard from its broker
 
     async def _connect(self) -> None:
         # The checks on jumps and silences ask over AMQP 0-9-1 (``self.client``), on the same port on RabbitMQ 4.
@@ -102,9 +103,14 @@ class Amqp10RangeReader(AmqpRangeReader):
     async def _resume(self, err: BaseException) -> None:
         self.receiver = None
         link_client, self.link_client = self.link_client, None
+        self._link_heard = None if link_client is None else link_client.last_heard
         if link_client is not None:
             link_client.abort(ConnectionLost("resuming"))
         await super()._resume(err)
+
+    def _heard(self) -> float | None:
+        heard = [h for h in (super()._heard(), self._link_heard) if h is not None]
+        return max(heard) if heard else None
 
     def _on_closed(self, closed: Any) -> None:
         reason = closed.result()

@@ -156,6 +156,12 @@ class Connection(asyncio.Protocol):
 
     # -- API ----------------------------------------------------------------------------
 
+    @property
+    def last_heard(self) -> float:
+        """When the broker last sent anything, a heartbeat included (``time.monotonic``, the loop's clock): an outage
+        found by missed heartbeats or a question's timeout began then (``Outage.failed``)."""
+        return self._last_recv
+
     def write(self, data: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self._last_sent = self.loop.time()

@@ -5,7 +5,9 @@ Once a query has reached its broker, a lost broker is waited out with backoff (a
 rolling upgrade only delay it). Without a deadline a broker gone for good looks like an idle queue: no new
 batch, no error, warnings only in a log on the driver or an executor. So the query shows the outage in its
 progress (``report``), and fails after ``brokerOutageTimeout`` (``check``), naming every endpoint and the
-last thing each said. Pure: the caller records failures and successes and passes the clock.
+last thing each said. The deadline counts from the last answer the connection had from its broker, so a silent
+network found late (by heartbeats, or a question's timeout) does not stretch it. Pure: the caller records failures
+and successes and passes the clock.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import datetime
 import time
 from typing import Any
 
-from ..errors import AllEndpointsFailed, AmqpSourceError
+from ..errors import AllEndpointsFailed, AmqpSourceError, Unchecked
 
 __all__ = ["BrokerOutage", "Outage", "retried_since"]
 
@@ -36,6 +38,7 @@ class Outage:
         self.since: float | None = None  # monotonic, when the first failure of this outage came
         self.since_wall: float | None = None
         self.last: dict[str, str] = {}  # endpoint (or the uri) -> its last error, in the order last tried
+        self.last_error: BaseException | None = None
         self.failures = 0
         self.unreachable = False  # the last failure reached no endpoint (not a connection that ended)
 
@@ -43,13 +46,17 @@ class Outage:
     def down(self) -> bool:
         return self.since is not None
 
-    def failed(self, err: BaseException, now: float | None = None, unreachable: bool = True) -> None:
-        """``unreachable``: no endpoint gave a connection (False: one that was open ended)."""
+    def failed(self, err: BaseException, now: float | None = None, unreachable: bool = True, heard: float | None = None) -> None:
+        """``unreachable``: no endpoint gave a connection (False: one that was open ended). ``heard``: when the connection
+        that ended last heard from its broker (monotonic). The outage began then, not when the silence was found: with
+        the default heartbeat (60 s) finding it takes up to two minutes, and a deadline counted from there doubled."""
         self.unreachable = unreachable
         now = time.monotonic() if now is None else now
         if self.since is None:
-            self.since, self.since_wall = now, time.time() - (time.monotonic() - now)
+            began = now if heard is None else min(now, heard)
+            self.since, self.since_wall = began, time.time() - (time.monotonic() - began)
         self.failures += 1
+        self.last_error = err
         cause = err.__cause__ if err.__cause__ is not None else err
         if isinstance(cause, AllEndpointsFailed):
             self.last = dict(cause.failures)
@@ -60,7 +67,12 @@ class Outage:
         self.since = self.since_wall = None
         self.unreachable = False
         self.last = {}
+        self.last_error = None
         self.failures = 0
+
+    def left(self, now: float | None = None) -> float:
+        """Seconds until the outage has lasted ``timeout`` (a backoff waits no longer: the last attempt comes in time)."""
+        return max(0.0, self.timeout - self.seconds(now))
 
     def seconds(self, now: float | None = None) -> float:
         since = self.since  # read once: the queue source's IO thread may record a recovery between two reads
@@ -106,6 +118,8 @@ class Outage:
                 "(raise brokerOutageTimeout to wait longer)"
             )
         if self.since is not None and self.seconds(now) >= self.timeout:
+            if isinstance(self.last_error, Unchecked):  # the broker answers: its message says what it could not ask
+                raise AmqpSourceError(f"{self.last_error} ({self.waited(now, wall)})")
             raise BrokerOutage(
                 f"no answer from {self.where} for {self.seconds(now):.0f}s (brokerOutageTimeout={self.timeout:g}s), "
                 f"{self.failures} attempt(s); the last error of each: {self.last_errors}. Check the broker and the "

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -83,6 +84,13 @@ class Cluster:
             if n.name == name:
                 return n
         pytest.skip(f"node {name} of the cluster is not one tools/rabbitmq runs")
+
+    def stream_port(self, uri: str | None = None) -> dict[str, str]:
+        """Option ``streamPort`` for a stream read over ``uri`` (AMQP 0-9-1 or 1.0; the cluster's by default): the stream
+        protocol's port of the node its first host names, where the read asks what RabbitMQ did not deliver. Here the
+        nodes share one host, each with ports of its own, and the default 5552 is another broker's."""
+        first = urllib.parse.urlsplit((uri or self.url).split(",")[0]).port
+        return next(({"streamPort": str(n.stream_port)} for n in self.nodes if n.port == first), {})
 
     def delete(self, *queues: str) -> None:
         """Delete ``queues`` through the first node that answers (a test may have stopped one)."""

@@ -181,7 +181,8 @@ def test_stream_mode_reads_on_through_a_leader_failover(cluster: Cluster, stream
     readers = {"amqp": cluster.url}
     if cluster.stream_url is not None:
         readers["stream-protocol"] = cluster.stream_url
-    planner = StreamPlanner(parse_stream_options({"uri": cluster.url, "stream": stream_on_c2, "connectionTimeout": "5"}))
+    given = {"uri": cluster.url, "stream": stream_on_c2, "connectionTimeout": "5", **cluster.stream_port()}
+    planner = StreamPlanner(parse_stream_options(given))
     reads: dict[str, list[float]] = {k: [] for k in readers}
     try:
         assert planner.ends() == {stream_on_c2: 300}
@@ -189,7 +190,8 @@ def test_stream_mode_reads_on_through_a_leader_failover(cluster: Cluster, stream
             until = time.monotonic() + 8.0
             while time.monotonic() < until or stopper.is_alive():
                 for kind, uri in readers.items():
-                    opts = parse_stream_options({"uri": uri, "stream": stream_on_c2, "connectionTimeout": "5"})
+                    port = cluster.stream_port() if kind == "amqp" else {}
+                    opts = parse_stream_options({"uri": uri, "stream": stream_on_c2, "connectionTimeout": "5", **port})
                     began = time.monotonic()
                     got = [o for b in read_range(opts, StreamRange(stream_on_c2, 0, 300)) for o in b.column("offset").to_pylist()]
                     reads[kind].append(time.monotonic() - began)

@@ -14,7 +14,7 @@ from spark_amqp.streams.batch import StreamBatchReader
 from spark_amqp.streams.options import parse_stream_options
 
 from ..brokers import version
-from ..streams.helpers import declare_stream
+from ..streams.helpers import declare_stream, stream_port
 from .helpers import publish_table
 
 # Printed by com.rabbitmq:stream-client 1.11.0's own HashRoutingStrategy.route() (java -cp, partitions
@@ -50,7 +50,8 @@ def _super_stream(url: str, name: str, partitions: int) -> None:
 
 def _read_back(url: str, name: str, **extra: str) -> list[tuple[str, str, str]]:
     """(partition, body, routing key) of every message of the super stream, through the stream source."""
-    reader = StreamBatchReader(parse_stream_options({"uri": url, "superStream": name, "connectionTimeout": "20", **extra}))
+    given = {"uri": url, "superStream": name, "connectionTimeout": "20", **stream_port(url), **extra}
+    reader = StreamBatchReader(parse_stream_options(given))
     return sorted(
         (q, b.decode(), k)
         for part in reader.partitions()

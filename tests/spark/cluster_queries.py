@@ -112,6 +112,8 @@ class Queries:
             (self.rows / f"{f}.json").write_text("".join(lines))
 
     def read(self, name: str, uri: str, **options: str) -> Any:
+        if uri.startswith("amqp") and "queue" not in options:  # a stream over AMQP: where it asks what was not delivered
+            options = {**whole_cluster().stream_port(uri), **options}
         df = self.spark.readStream.format("amqp").option("uri", uri).options(**{**self.common, **options}).load().select("message_id")
         writer = df.writeStream.format("parquet").option("path", str(self._dir(name)))
         return self._start(name, writer)
@@ -261,7 +263,8 @@ class EveryMode:
         """Every id once in every read and in the stream sink's stream, at least once in the AMQP sinks' queues."""
         for name, prefix in self.readers.items():
             assert_once(run.ids(name), prefix, name)
-        written = spark.read.format("amqp").option("uri", self.cluster.url).option("stream", self.out_s).load()
+        written = spark.read.format("amqp").option("uri", self.cluster.url).options(**self.cluster.stream_port())
+        written = written.option("stream", self.out_s).load()
         assert_once([r["message_id"] for r in written.select("message_id").collect()], "k", self.sinks[1])  # deduplicated
         for name, queue in ((self.sinks[0], self.out_q), (self.sinks[2], self.out_q10)):
             assert sorted(set(drain_ids(self.cluster, queue))) == sorted(f"k{i}" for i in range(N)), name  # at least once

@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -121,8 +122,10 @@ def main() -> None:
     middle = n // 2 + 10
     read("queue", args.uri, f"q{middle}", queue=args.queue, journalLocation=str(work / "journal"))
     read("stream-protocol", args.stream_uri, f"s{middle}", stream=args.stream)
-    read("stream-amqp", args.uri, f"s{middle}", stream=args.stream)
-    read("stream-amqp10", args.uri, f"s{middle}", stream=args.stream, protocol="amqp1.0")
+    # Over AMQP, what was not delivered is asked on the same node's stream port (not 5552 here: another broker's).
+    port = str(urllib.parse.urlsplit(args.stream_uri).port)
+    read("stream-amqp", args.uri, f"s{middle}", stream=args.stream, streamPort=port)
+    read("stream-amqp10", args.uri, f"s{middle}", stream=args.stream, protocol="amqp1.0", streamPort=port)
     write("sink-amqp", args.uri, routingKey=args.out_queue)
     write("sink-stream", args.stream_uri, stream=args.out_stream)
     write("sink-amqp10", args.uri, routingKey=args.out_queue10, protocol="amqp1.0")

@@ -140,7 +140,8 @@ def test_queries_and_sinks_go_on_through_failovers_a_drain_and_a_rolling_restart
         _tool("cli", "c3", "rabbitmq-upgrade", "revive")
     for name, prefix in expected.items():
         assert_once(run.ids(name), prefix, name)
-    written = spark.read.format("amqp").option("uri", cluster.url).option("stream", out_s).load().select("message_id").collect()
+    reader = spark.read.format("amqp").option("uri", cluster.url).options(**cluster.stream_port())
+    written = reader.option("stream", out_s).load().select("message_id").collect()
     assert_once([r["message_id"] for r in written], "k", "stream sink")  # deduplicated
     assert sorted(set(drain_ids(cluster, out_q))) == sorted(f"k{i}" for i in range(N))  # at least once
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import time
 import uuid
 from pathlib import Path
@@ -22,7 +23,16 @@ from spark_amqp.streams.ranges import StreamRange
 
 from ..broker.helpers import wait_for
 from ..brokers import REAL, STREAM_URLS, version
-from ..streams.helpers import add_partition, declare_stream, offsets_and_ids, options, publish, super_stream
+from ..streams.helpers import (
+    add_partition,
+    counted,
+    declare_stream,
+    offsets_and_ids,
+    options,
+    publish,
+    publish_compressed,
+    super_stream,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.streams]
 PYSPARK_42 = tuple(int(p) for p in pyspark.__version__.split(".")[:2]) >= (4, 2)
@@ -260,3 +270,36 @@ def test_scheduled_available_now_runs_read_every_partition_of_a_super_stream(spa
     added = [(q, m) for q, m in read() if q == f"{base}-3"]
     assert added == sorted((f"{base}-3", f"m{300 + j}") for j in range(13))
     assert len(read()) == 10 + 11 + 12 + 13
+
+
+@pytest.mark.pinned  # nothing here differs between PySpark lines (CI time)
+def test_reads_that_cannot_check_what_amqp_did_not_deliver_fail_naming_the_port(spark, amqp_url: str, names, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A stream of compressed sub-entries only (a stream client's batching), read over AMQP 0-9-1 while nothing answers
+    on the stream protocol's port, which alone tells them from offsets that hold no message: a batch read and an
+    availableNow run fail within brokerOutageTimeout, naming the stream, the port and option streamPort. On RabbitMQ
+    4.3.6 the run used to end "successfully" with 0 of 2,000 rows, the batch read with a bare AssertionError."""
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    publish_compressed(STREAM_URLS[amqp_url], s, 0, 2000)
+    counted(amqp_url, s, 1)  # a count of 0 is taken for an empty stream (it lags a write by up to 5 s)
+    options = {"uri": amqp_url, "stream": s, "streamPort": "1", "brokerOutageTimeout": "20s", "startingOffsets": "first"}
+    explained = rf"(?s)stream '{s}': the messages of its last chunk.*127\.0\.0\.1:1.*option 'streamPort'"
+    started = time.monotonic()
+    with pytest.raises(Exception, match=explained):
+        spark.read.format("amqp").options(**options).load().count()
+    assert time.monotonic() - started < 20 + 30  # the deadline, then Spark's own time on a loaded machine
+
+    query = (
+        spark.readStream.format("amqp").options(**options).load()
+        .writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ckpt"))
+        .trigger(availableNow=True).start()
+    )  # fmt: skip
+    failure: Exception | None = None
+    try:
+        ended = query.awaitTermination(120)
+    except Exception as err:  # the query's own error: what it says is checked below
+        failure = err
+    finally:
+        query.stop()
+    assert failure is not None, f"the run {'ended' if ended else 'went on'} without an error: {query.lastProgress}"
+    assert re.search(explained, str(failure)), failure

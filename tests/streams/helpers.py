@@ -4,13 +4,19 @@ super streams declared and filled over AMQP 0-9-1, options for the protocol a te
 
 from __future__ import annotations
 
+import asyncio
 import time
 import urllib.parse
+import uuid
 
 import pika
+import pyarrow as pa
 import pytest
 
 from spark_amqp.errors import AmqpSourceError
+from spark_amqp.sink.options import parse_sink_options
+from spark_amqp.sink.producers import producer_for
+from spark_amqp.sink.stream_publisher import StreamPartitionPublisher
 from spark_amqp.streams.batch import StreamBatchReader
 from spark_amqp.streams.offset import StreamOffset
 from spark_amqp.streams.options import StreamSourceOptions, parse_stream_options
@@ -44,6 +50,29 @@ def publish(url: str, stream: str, first: int, count: int, size: int = 0) -> Non
     conn.close()
 
 
+def publish_compressed(stream_url: str, stream: str, first: int, count: int, codec: str = "zstd") -> None:
+    """``count`` messages c<first>... in sub-entries of 100 compressed with ``codec``, as stream clients batch them
+    (written by the stream sink), all confirmed."""
+    opts = parse_sink_options({"uri": stream_url, "stream": stream, "subEntrySize": "100", "compression": codec})
+    table = {"body": [b"c%d" % i for i in range(first, first + count)], "message_id": [f"c{i}" for i in range(first, first + count)]}
+    publisher = StreamPartitionPublisher(opts, producer_for("t-" + uuid.uuid4().hex, 0, None))
+    assert asyncio.run(publisher.publish([pa.RecordBatch.from_pydict(table)])).confirmed == count
+
+
+def counted(url: str, stream: str, at_least: int) -> None:
+    """Waits until the stream's message count (queue.declare's, which lags a write by up to 5 s) reaches ``at_least``:
+    over AMQP, where the stream protocol cannot be asked, a count of 0 is taken for an empty stream."""
+
+    def count() -> int:
+        conn = pika.BlockingConnection(pika.URLParameters(url))
+        try:
+            return int(conn.channel().queue_declare(stream, passive=True).method.message_count)
+        finally:
+            conn.close()
+
+    assert wait_for(lambda: count() >= at_least, timeout=30, interval=0.5), (stream, count())
+
+
 def next_second() -> int:
     """Waits for the next whole second (epoch), and returns it: stream timestamps are per chunk, to the second."""
     boundary = int(time.time()) + 1
@@ -69,12 +98,17 @@ def reading_url(url: str) -> str:
     return stream_url
 
 
+def stream_port(url: str) -> dict[str, str]:
+    """Option ``streamPort`` for an amqp:// url: where what RabbitMQ does not deliver over AMQP is checked (the nodes
+    here do not all listen on 5552; a read that cannot ask there fails)."""
+    port = urllib.parse.urlsplit(STREAM_URLS[url]).port if url in STREAM_URLS else None
+    return {"streamPort": str(port)} if port else {}
+
+
 def options(url: str, stream: str, **extra: str) -> StreamSourceOptions:
-    over = {}
+    over = {} if READ_OVER[0] == "stream-protocol" else stream_port(url)
     if READ_OVER[0] == "amqp1.0":
-        # Ranges over AMQP 1.0; what RabbitMQ does not deliver is checked on the broker's stream-protocol port.
-        port = urllib.parse.urlsplit(STREAM_URLS[url]).port if url in STREAM_URLS else None
-        over = {"protocol": "amqp1.0", **({"streamPort": str(port)} if port else {})}
+        over["protocol"] = "amqp1.0"
     return parse_stream_options({"uri": reading_url(url), "stream": stream, "connectionTimeout": "20", **over, **extra})
 
 

@@ -4,25 +4,22 @@ and the codec; never a silent skip, never a stall. Over the stream protocol the 
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import Iterator
 
-import pyarrow as pa
 import pytest
 
-from spark_amqp.errors import AmqpOptionError
-from spark_amqp.sink.options import parse_sink_options
-from spark_amqp.sink.producers import producer_for
-from spark_amqp.sink.stream_publisher import StreamPartitionPublisher
+from spark_amqp.errors import AmqpOptionError, AmqpSourceError
 from spark_amqp.streams.batch import StreamBatchReader
 from spark_amqp.streams.compressed import CompressedSubEntry
 from spark_amqp.streams.options import parse_stream_options
 from spark_amqp.streams.planner import StreamPlanner
+from spark_amqp.streams.tails import REMEASURE
 
+from ..broker.helpers import wait_for
 from ..stream_protocol.conftest import stream_node
-from .helpers import declare_stream, delete_queue, publish, read_all
+from .helpers import counted, declare_stream, delete_queue, publish, publish_compressed, read_all
 
 __all__ = ["stream_node"]  # the fixture: each real node with its stream port, and the embedded broker
 
@@ -42,13 +39,7 @@ def stream(stream_node: Node) -> Iterator[str]:
 
 
 def _compressed(node: Node, stream: str, first: int, count: int, codec: str = "zstd") -> None:
-    """``count`` messages c<first>... in sub-entries of 100, written by the stream sink."""
-    opts = parse_sink_options({"uri": node[1], "stream": stream, "subEntrySize": "100", "compression": codec})
-    table = {"body": [b"c%d" % i for i in range(first, first + count)], "message_id": [f"c{i}" for i in range(first, first + count)]}
-    done = asyncio.run(
-        StreamPartitionPublisher(opts, producer_for("t-" + uuid.uuid4().hex, 0, None)).publish([pa.RecordBatch.from_pydict(table)])
-    )
-    assert done.confirmed == count
+    publish_compressed(node[1], stream, first, count, codec)
 
 
 def _over_amqp(node: Node, stream: str, **extra: str) -> dict[str, str]:
@@ -116,7 +107,34 @@ def test_offsets_the_tracking_chunks_of_new_segments_take_are_no_error(stream_no
         delete_queue(stream_node[2], name)
 
 
-def test_without_the_stream_protocol_a_read_goes_on_with_a_warning(
+# Where the stream protocol cannot be asked: a read with brokerOutageTimeout=OUTAGE fails within it, naming the stream,
+# the offsets and the port (an availableNow run once ended "successfully" with 0 of 2,000 rows, and a batch read with a
+# bare AssertionError).
+OUTAGE = 6
+
+
+def _unreachable(node: Node, stream: str, **extra: str) -> dict[str, str]:
+    return _over_amqp(node, stream, streamPort="1", brokerOutageTimeout=f"{OUTAGE}s", **extra)  # nothing listens on 1
+
+
+def test_offsets_that_cannot_be_checked_fail_the_read_within_broker_outage_timeout(stream_node: Node, stream: str) -> None:
+    publish(stream_node[2], stream, 0, 100)
+    _compressed(stream_node, stream, 100, 100)
+    publish(stream_node[2], stream, 200, 100)
+    started = time.monotonic()
+    with pytest.raises(AmqpSourceError) as raised:
+        _read(_unreachable(stream_node, stream))
+    took = time.monotonic() - started
+    error = str(raised.value)
+    # 3.10 closes the connection at offset 0, as its read-ahead reached the compressed chunk
+    offsets = "0 to 299" if stream_node[0] == "3.10" else "100 to 199"
+    assert f"stream '{stream}': offsets {offsets} did not come over AMQP 0-9-1" in error, error
+    assert "127.0.0.1:1" in error and "option 'streamPort'" in error and f"brokerOutageTimeout={OUTAGE}s" in error, error
+    # the check waits out the port for the deadline, never past it (the rest: planning, reading, the machine's load)
+    assert OUTAGE <= took < OUTAGE + 15, took
+
+
+def test_without_the_stream_protocol_failondataloss_false_reads_on_with_a_warning(
     stream_node: Node, stream: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     publish(stream_node[2], stream, 0, 100)
@@ -124,9 +142,52 @@ def test_without_the_stream_protocol_a_read_goes_on_with_a_warning(
     publish(stream_node[2], stream, 200, 100)
     if stream_node[0] == "3.10":  # 3.10 refuses the read outright (541)
         pytest.skip("3.10 closes the connection at the compressed chunk: covered above")
-    rows = _read(_over_amqp(stream_node, stream, streamPort="1"))  # nothing listens there
+    rows = _read(_unreachable(stream_node, stream, failOnDataLoss="false"))
     assert [i for i, _ in rows][99:101] == [99, 200]
-    assert "cannot ask" in caplog.text and "compressed sub-entries" in caplog.text
+    assert "could not be asked over the stream protocol at 127.0.0.1:1" in caplog.text and "failOnDataLoss=false" in caplog.text
+
+
+def test_a_stream_of_compressed_sub_entries_that_cannot_be_checked_is_not_read_as_empty(
+    stream_node: Node, stream: str, planners: list[StreamPlanner]
+) -> None:
+    _compressed(stream_node, stream, 0, 2000)
+    counted(stream_node[2], stream, 1)
+    for reading in ({}, {"failOnDataLoss": "false"}):  # the end of a stream is never guessed
+        started = time.monotonic()
+        with pytest.raises(AmqpSourceError, match=rf"stream '{stream}': the messages of its last chunk .*127\.0\.0\.1:1.*'streamPort'"):
+            _read(_unreachable(stream_node, stream, **reading))  # spark.read plans its bounds
+        assert time.monotonic() - started < OUTAGE + 15
+    planner = StreamPlanner(parse_stream_options(_unreachable(stream_node, stream, startingOffsets="first")))
+    planners.append(planner)
+    with pytest.raises(AmqpSourceError, match=rf"stream '{stream}'.*127\.0\.0\.1:1.*'streamPort'"):
+        planner.prepare_available_now()  # an availableNow run: its end is planned first
+
+
+def test_a_running_query_that_cannot_check_its_streams_end_fails_within_broker_outage_timeout(
+    stream_node: Node, stream: str, planners: list[StreamPlanner]
+) -> None:
+    publish(stream_node[2], stream, 0, 100)
+    planner = StreamPlanner(parse_stream_options(_unreachable(stream_node, stream, startingOffsets="first")))
+    planners.append(planner)
+    start = planner.initial_offset()
+    assert planner.latest_offset(start.to_json(), None, True).get(stream) == 100
+    _compressed(stream_node, stream, 100, 500)  # now its end is compressed, and only the stream protocol tells
+    failed: list[BaseException] = []
+
+    def plans_until_it_fails() -> bool:
+        try:
+            planner.latest_offset(start.to_json(), None, True)
+        except AmqpSourceError as err:
+            failed.append(err)
+        return bool(failed)
+
+    began = time.monotonic()
+    assert wait_for(plans_until_it_fails, timeout=REMEASURE + OUTAGE + 30, interval=0.05)
+    error = str(failed[0])
+    assert f"stream '{stream}': the messages of its last chunk" in error and "127.0.0.1:1" in error, error
+    assert f"brokerOutageTimeout={OUTAGE}s" in error and "no answer from" not in error, error  # the broker did answer
+    # measured again at the latest REMEASURE after the write; then waited out for the deadline, as an outage
+    assert time.monotonic() - began < REMEASURE + OUTAGE + 15
 
 
 def test_stream_port_is_for_amqp_uris() -> None:

@@ -14,13 +14,17 @@ from spark_amqp.streams.range_reader import read_range
 from spark_amqp.streams.ranges import StreamRange
 
 from ..brokers import STREAM_URLS
-from .helpers import declare_stream, next_second, publish
+from .helpers import declare_stream, next_second, publish, stream_port
 
 pytestmark = pytest.mark.streams
 
 
+def _port(uri: str) -> dict[str, str]:
+    return {} if uri.startswith("rabbitmq-stream") else stream_port(uri)
+
+
 def _plan(uri: str, stream: str, **extra: str) -> tuple[StreamOffset, StreamOffset]:
-    p = StreamPlanner(parse_stream_options({"uri": uri, "stream": stream, "connectionTimeout": "20", **extra}))
+    p = StreamPlanner(parse_stream_options({"uri": uri, "stream": stream, "connectionTimeout": "20", **_port(uri), **extra}))
     try:
         start = p.initial_offset()
         return start, p.latest_offset(start.to_json(), None, True)
@@ -29,7 +33,7 @@ def _plan(uri: str, stream: str, **extra: str) -> tuple[StreamOffset, StreamOffs
 
 
 def _rows(uri: str, stream: str, start: int, end: int) -> list[tuple[object, ...]]:
-    opts = parse_stream_options({"uri": uri, "stream": stream, "connectionTimeout": "20"})
+    opts = parse_stream_options({"uri": uri, "stream": stream, "connectionTimeout": "20", **_port(uri)})
     return [tuple(sorted(r.items())) for b in read_range(opts, StreamRange(stream, start, end)) for r in b.to_pylist()]
 
 
