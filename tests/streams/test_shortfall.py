@@ -3,17 +3,19 @@ back, a restarted node) is waited out; a stream deleted and declared again fails
 brokerOutageTimeout. Seen in CI: a planner that asked the replica just added back failed its query.
 
 Against a broker, a member catching up looks like a stream that holds fewer messages than the query's
-position and then gains the rest: that is what the tests below publish."""
+position and then gains the rest: that is what the tests below publish. A query's first start there (issue 45) skips
+nothing either: every start is at or before the one the whole stream gives."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 
 import pytest
 
 from spark_amqp.errors import AmqpSourceError
-from spark_amqp.streams.offset import StreamOffset
+from spark_amqp.streams.offset import UNSET, StreamOffset
 from spark_amqp.streams.ranges import StreamRange
 from spark_amqp.streams.shortfall import Shortfall
 
@@ -98,3 +100,30 @@ def test_a_range_reader_waits_for_a_member_that_ends_before_its_range_and_reads_
     reader.join(timeout=120)
     assert not failed, failed
     assert got == [[(i, f"m{i}") for i in range(50, 100)]]
+
+
+@pytest.mark.streams
+@pytest.mark.usefixtures("read_over")
+def test_a_first_start_on_a_member_still_catching_up_skips_no_offset(amqp_url: str, names, planners) -> None:  # type: ignore[no-untyped-def]
+    """A query's very first start asks a member that holds 5 of the stream's 25 messages (it is catching up). Each
+    startingOffsets gives a start at or before the one the whole stream would give, and the batches from there read
+    every offset to the end: extra messages at worst, never a skipped one. An offset past the member's end fails the
+    start, naming it (nothing read, nothing skipped; a start once the member caught up works)."""
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    publish(amqp_url, s, 0, 5)
+    whole = {"next": 25, "last": 24, "first": 0, json.dumps({s: 5}): 5}  # what each means on the whole stream
+    fixed: dict[str, int] = {}
+    for given in whole:
+        p = planner(planners, options(amqp_url, s, startingOffsets=given))
+        origin = p.initial_offset()
+        start = p.latest_offset(origin.to_json(), None, True) if origin.get(s) == UNSET else origin  # next, last: fixed
+        fixed[given] = start.get(s)
+    with pytest.raises(AmqpSourceError, match=rf"starts stream '{s}' at offset 20, past its end \(the next offset it will write is 5\)"):
+        planner(planners, options(amqp_url, s, startingOffsets=json.dumps({s: 20}))).initial_offset()
+    publish(amqp_url, s, 5, 20)  # the member catches up
+    for given, start in fixed.items():
+        assert start <= whole[given], (given, start)
+        p = planners[list(whole).index(given)]
+        assert latest(p, {s: start}, {s: 25}), given  # one batch from the start to the end: every offset read
+        assert [o for o, _ in offsets_and_ids(options(amqp_url, s), StreamRange(s, start, 25))] == list(range(start, 25))
