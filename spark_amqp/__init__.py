@@ -63,13 +63,15 @@ def register(spark: Any) -> None:
 
 
 def _found_by_spark(spark: Any) -> bool:
-    """Whether ``format("amqp")`` resolves to this package's source in a Spark Connect session already.
+    """Whether ``format("amqp")`` already resolves to this package's source in a Spark Connect session.
 
-    A read without options is analysed, never run: Spark looks the name up and asks the source for
-    its schema, which ours refuses without a uri (no connection is opened). Any other answer, not
-    found included, leaves the decision to registering."""
+    The schema of a read is asked for, which Spark answers by analysing the plan, never running it: it
+    looks the name up and asks the source, which builds its schema from the options alone (a uri that
+    resolves nowhere, ``.invalid``, and a queue that is never declared: nothing connects). This
+    source's queue schema says it is this one; not found, or another source of that name, is registered."""
     try:
-        spark.read.format("amqp").load().schema  # noqa: B018 (the schema is the lookup)
-    except Exception as err:
-        return "option 'uri' is required" in str(err)
-    return False
+        read = spark.read.format("amqp").option("uri", "amqp://spark-amqp.invalid/").option("queue", "spark_amqp.register")
+        names = read.load().schema.fieldNames()
+    except Exception:
+        return False
+    return {"body", "delivery_tag", "redelivered", "raw_header"} <= set(names)

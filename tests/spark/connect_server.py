@@ -22,6 +22,18 @@ from ..loopback import not_on_loopback
 
 SPARK_SUBMIT = Path(sys.executable).with_name("spark-submit")
 _STARTED = re.compile(r"Spark Connect server started at: (\S+):(\d+)")
+# Warnings and errors only, but for the line that says where the server listens: Spark's default for a spark-submit
+# application is INFO, some thousand lines a run.
+LOG4J2 = """rootLogger.level = warn
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+logger.server.name = org.apache.spark.sql.connect.service.SparkConnectServer
+logger.server.level = info
+"""
 LOOPBACK_CONF = {
     "spark.driver.host": "127.0.0.1",
     "spark.driver.bindAddress": "127.0.0.1",
@@ -32,15 +44,20 @@ LOOPBACK_CONF = {
 
 class ConnectServer:
     """A server JVM in a process group of its own (``kill`` ends it and its Python workers at once); its output in
-    ``log``. ``conf`` is passed with ``--conf``; ``env`` is the server's environment (its Python workers' too)."""
+    ``log``, a file of its own (a port read from an earlier server's log would be a dead one). ``conf`` is passed with
+    ``--conf``; ``env`` is the server's environment (its Python workers' too)."""
 
     def __init__(self, log: Path, conf: dict[str, str], env: dict[str, str], cwd: Path) -> None:
+        assert not log.exists(), f"{log}: each server logs to a file of its own"
+        log4j2 = log.with_suffix(".log4j2.properties")
+        log4j2.write_text(LOG4J2)
         args = [str(SPARK_SUBMIT), "--class", "org.apache.spark.sql.connect.service.SparkConnectServer", "--master", "local[2]"]
+        args += ["--driver-java-options", f"-Dlog4j2.configurationFile={log4j2.as_uri()}"]
         for key, value in {"spark.ui.enabled": "false", **conf, **LOOPBACK_CONF}.items():
             args += ["--conf", f"{key}={value}"]
         self.log = log
         self.port = 0
-        with log.open("ab") as out:
+        with log.open("wb") as out:
             env = {**env, "SPARK_LOCAL_IP": "127.0.0.1"}
             self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True)
 
