@@ -41,7 +41,7 @@ class Channel(DeclareMethods, SettleMethods, TxMethods):
         self.unacked: OrderedDict[int, Unacked] = OrderedDict()
         self.next_tag = 0
         self.consumer_prefetch = 0
-        self.timed_out: set[int] = set()  # delivery tags a consumer timeout gave back
+        self.timed_out: set[int] = set()  # delivery tags the queue took back (a consumer timeout, redeliver_unacked)
         self.confirming = False
         self.tx: Transaction | None = None
         self.publish_seq = 0
@@ -307,6 +307,18 @@ class Channel(DeclareMethods, SettleMethods, TxMethods):
             self.timed_out.add(entry.tag)
         self.settle(entries, REQUEUE)
         self.vhost.consumer_gone(consumer.queue)
+
+    def redeliver_unacked(self, queue: str) -> int:
+        """What a quorum queue does when the node of a consumer it took for gone is back (its consumer-disconnected
+        timeout ran out during a partition): the deliveries of ``queue`` not acknowledged go back, uncounted, and come
+        again to the same consumers on this same channel, redelivered, under new tags; acking an old tag is accepted
+        and does nothing. How many went back."""
+        entries = [e for e in self.unacked.values() if e.queue.name == queue and e.consumer is not None]
+        for entry in entries:
+            del self.unacked[entry.tag]
+            self.timed_out.add(entry.tag)
+        self.settle(entries, REQUEUE)
+        return len(entries)
 
     def consumer_cancelled_by_server(self, consumer: Consumer) -> None:
         self.consumers.pop(consumer.tag, None)

@@ -345,6 +345,11 @@ class EmbeddedBroker:
 
         return self.call(apply)
 
+    def redeliver_unacked(self, queue: str) -> int:
+        """Every delivery of ``queue`` not yet acknowledged is sent again on its channel, redelivered, as a quorum
+        queue does after a partition of its consumers' node longer than its consumer-disconnected timeout; how many."""
+        return self.call(lambda s: sum(ch.redeliver_unacked(queue) for c in s.connections for ch in list(c.channels.values()) if ch.open))
+
     def close_channels(self, reply_code: int, reply_text: str = "closed by fault injection", queue: str | None = None) -> int:
         """Close open channels with ``reply_code``: all of them, or those consuming from ``queue``."""
 

@@ -10,26 +10,44 @@ delivered before the cut, acked and proven acked then, came again after the heal
 with ``redelivered`` set and ``x-acquired-count`` 1. A proven ack is one the
 channel took, not one the queue applied.
 
-So, with a journal, a redelivered delivery on a live channel is looked up among
-what this reader's live channels delivered: a batch's own message is dropped as
-a copy and acknowledged with that batch, and one still waiting in the buffer
-gives its place to the copy (the broker ignores the old tag's ack). The queue
-has at most ``prefetch`` messages checked out to a consumer, so the channel's
-last ``prefetch`` proven acks (``SessionLedger.recent``) are enough to look in.
-The look-up index is built at the first redelivery and dropped once redeliveries
-stop, so a reader that sees none pays nothing. Only first deliveries are looked
-up, and the copies found of them: after a crash every delivery of the new channel
-is redelivered, and two identical messages among them (no message id) are two
-messages, not a copy. A copy found takes its original's place in the index, so a
-message the queue returns again (a second partition, with the copy acked or in
-the buffer) is found once more: seen in CI, where two partitions 60 s apart made
-a query read 400 ids twice, copies the first partition had sent. A copy the
-redelivery filter found after a lost channel does the same if it has a message
-id; without one it does not (a message of the same content could be another),
-so such a message returned again on the live channel comes out twice. Only with
-a journal: there the consumer is exclusive, so a redelivery on a live channel
-can only be such a copy, whereas without one another application sharing the
-queue may return a message whose content equals one this reader acked.
+So, with a journal, a redelivery on a live channel that the redelivery filter
+expects nothing of is looked up among what this reader's live channels
+delivered: a batch's own message is dropped as a copy and acknowledged with that
+batch, and one still waiting in the buffer gives its place to the copy (the
+broker ignores the old tag's ack). The queue has at most ``prefetch`` messages
+checked out to a consumer, so the channel's last ``prefetch`` proven acks
+(``SessionLedger.recent``) are enough to look in. The look-up index is built at
+the first such redelivery and dropped once redeliveries stop, so a reader that
+sees none pays nothing. Each delivery is repeated once at most: a copy found
+takes its original's place, to be found in turn if the queue sends the message
+once more (seen in CI, where two partitions 60 s apart made a query read 400
+ids twice).
+
+Which deliveries may be originals. A redelivery is either a message the queue
+returned before the channel began consuming, or a copy of a delivery the channel
+had. The first kind comes from a channel of this reader that ended, and then the
+redelivery filter has counted it, or from before this run (a crashed run's
+messages, another application's returns). The filter decides first: a copy of a
+planned delivery is dropped, a return of an unplanned one is emitted and looked
+up no further, so that two returned messages of one content both come out. The
+consumer is exclusive, so nothing else returns messages while it reads, and a
+queue sends what was returned before anything it never delivered: once a queue
+has sent this run a first delivery (not redelivered), every return from before
+the run has come, and a redelivery the filter does not expect is a copy. So a
+delivery with a message id may be an original (the id names one message), a
+first delivery may, and by content any delivery of a queue that has sent this
+run a first delivery may: the copies the filter found and the returns it let
+through, so the queue's next return of them is dropped too. By content, the
+returns a run gets before its queue's first delivery may not: two of one content
+may be two messages of an earlier run. Counting stays a multiset's: per content,
+the filter's counts decide first, and what they leave over is copies.
+
+What remains: a message without an id that a run got back from an earlier run
+(or another application) before its queue sent it anything new, and that the
+queue then sends again on the same channel, comes out twice. Only with a
+journal: there the consumer is exclusive, so a redelivery on a live channel can
+only be such a copy, whereas without one another application sharing the queue
+may return a message whose content equals one this reader acked.
 """
 
 from __future__ import annotations
@@ -49,6 +67,7 @@ class LiveCopies:
         self._index: dict[Key, list[Entry]] | None = None
         self._size = 0
         self._since_match = 0
+        self._fresh: set[str] = set()  # queues that sent this run a first delivery
 
     def _key(self, delivery: Delivery) -> Key:
         return (delivery.queue, fingerprint(delivery, self.by))
@@ -72,23 +91,22 @@ class LiveCopies:
         self._size -= 1
         return original
 
-    def found(self, copy: Entry, by_filter: bool = False) -> None:
-        """``copy`` repeats a delivery this reader had: it stands in for it if the queue returns the message once more.
-        One the redelivery filter found (a channel was lost) only by message id: after a crash, two messages of the
-        same content and no id are two messages, and the filter's counts alone keep both."""
-        if by_filter and self._key(copy.delivery)[1][0] != "id":
-            return
-        copy.copy = True
-        if self._index is not None:
-            self._add(copy)
+    def settled(self, redelivery: Entry) -> None:
+        """What became of ``redelivery`` is decided (a copy, or a message to emit): the queue may send it again."""
+        if self._index is not None and self._may_repeat(redelivery):
+            self._add(redelivery)
 
     def noted(self, entry: Entry) -> None:
-        """A new delivery: indexed while redeliveries come (a redelivered one is no original: not indexed), the index
-        dropped when they have stopped."""
+        """A new delivery: indexed while redeliveries come (a redelivery only once ``settled``), the index dropped when
+        they have stopped."""
+        delivery = entry.delivery
+        if not delivery.redelivered and delivery.queue not in self._fresh:
+            self._fresh.add(delivery.queue)
+            self._index = None  # that queue's redeliveries may be originals now: rebuilt at the next look-up
         if self._index is None:
             return
         self._since_match += 1
-        if entry.delivery.redelivered:
+        if delivery.redelivered:
             return
         if self._since_match > 2 * self.window:
             self.reset()
@@ -100,11 +118,17 @@ class LiveCopies:
         self._index = None
         self._size = 0
 
+    def _may_repeat(self, entry: Entry) -> bool:
+        delivery = entry.delivery
+        if not delivery.redelivered or delivery.queue in self._fresh:
+            return True
+        return self.by == "messageId" and bool(delivery.props.message_id)
+
     def _build(self, copy: Entry, ledgers: Iterable[SessionLedger]) -> None:
         self._index, self._size = {}, 0
         for ledger in ledgers:
             for entry in (*ledger.recent, *ledger.acked, *ledger.unacked):
-                if entry is not copy and entry.owner >= UNPLANNED and (entry.copy or not entry.delivery.redelivered):
+                if entry is not copy and entry.owner >= UNPLANNED and self._may_repeat(entry):
                     self._add(entry)
 
     def _add(self, entry: Entry) -> None:

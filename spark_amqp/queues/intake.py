@@ -4,11 +4,12 @@ Deliveries go into each channel's ``SessionLedger`` and, unless they are a
 redelivered copy of a message a batch already holds (``RedeliveryFilter``),
 into the buffer a batch is taken from. A channel that ended takes its unplanned
 deliveries with it (they come back redelivered) and leaves its owned ones to the
-filter. With a journal, a redelivery on a live channel is also looked up among
-what the live channels delivered (``LiveCopies``). Redeliveries that a quorum
-queue counts towards its delivery-limit (``x-delivery-count``, stamped from the
-first return on) are reported: the runtime journals them at once, or, without a
-journal, fails before the broker can drop them.
+filter. With a journal, a redelivery on a live channel that the filter expects
+nothing of is also looked up among what the live channels delivered
+(``LiveCopies``). Redeliveries that a quorum queue counts towards its
+delivery-limit (``x-delivery-count``, stamped from the first return on) are
+reported: the runtime journals them at once, or, without a journal, fails
+before the broker can drop them.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 from .copies import LiveCopies
 from .inbox import AckConfirmed, Delivery, SessionClosed
-from .ledger import APART, SINGLE, SUPERSEDED, UNPLANNED, Entry, RedeliveryFilter, SessionLedger
+from .ledger import APART, RETURNED, SINGLE, SUPERSEDED, UNPLANNED, Entry, RedeliveryFilter, SessionLedger
 
 log = logging.getLogger("spark_amqp.queues")
 
@@ -74,20 +75,18 @@ class Intake:
                 if live is not None:
                     live.noted(entry)
                 if item.redelivered or (unmarked and filt.expecting):
-                    owner = filt.match(item)
-                    by_filter = owner is not None
+                    owner = filt.judge(item)
                     if owner is None and live is not None and item.redelivered:
                         original = live.original(entry, ledgers.values())
                         if original is not None and original.owner == UNPLANNED:
                             self.claim([original], SUPERSEDED)  # the copy takes its place in the buffer
                             superseded.add(original)
-                            live.found(entry)
                         elif original is not None:
                             owner = original.owner
-                    if owner is not None:
+                    if live is not None and item.redelivered:
+                        live.settled(entry)
+                    if owner is not None and owner != RETURNED:
                         ledger.claim(entry, owner)
-                        if live is not None:
-                            live.found(entry, by_filter)
                         self.copies_dropped += 1
                         continue
                     count = returns(item) if item.redelivered else 0

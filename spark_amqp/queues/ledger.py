@@ -15,10 +15,11 @@ sent after that round, proves the broker processed it.
 When a channel dies, every delivery of it that a batch owns (planned, or
 acked with the ack not yet proven) is remembered in ``RedeliveryFilter``: the
 broker will redeliver it on a new channel, and that copy is acknowledged with
-its owner instead of being emitted again. With a journal, the channel's last
-proven acks (``recent``, at most a prefetch window of them) are remembered too:
-a proven ack is one the channel took, not one a quorum queue applied (see
-``copies``).
+its owner instead of being emitted again. Its unplanned deliveries are counted
+there too: they come back for certain, and are emitted. With a journal, the
+channel's last proven acks (``recent``, at most a prefetch window of them) are
+remembered too: a proven ack is one the channel took, not one a quorum queue
+applied (see ``copies``).
 """
 
 from __future__ import annotations
@@ -34,11 +35,12 @@ from .inbox import Delivery
 UNPLANNED = -1
 APART = -2  # settled on its own outside any batch (dead-lettered): holds no ack frontier back
 SUPERSEDED = -3  # the broker sent its message again (``copies``): acked with the frontier, which the broker ignores
+RETURNED = -4  # RedeliveryFilter.judge: one of a lost channel's unplanned deliveries, back: emitted, looked up no further
 PENDING, MULTI, SINGLE = 0, 1, 2  # Entry.acked: not yet, by the frontier's multi-ack, on its own
 
 
 class Entry:
-    __slots__ = ("acked", "copy", "delivery", "owner", "round", "tag")
+    __slots__ = ("acked", "delivery", "owner", "round", "tag")
 
     def __init__(self, tag: int, delivery: Delivery) -> None:
         self.tag = tag
@@ -46,7 +48,6 @@ class Entry:
         self.delivery = delivery
         self.acked = PENDING
         self.round = 0  # the ack round that covered it
-        self.copy = False  # a redelivery known to repeat a delivery this reader had (``copies``)
 
 
 class Acks(NamedTuple):
@@ -172,6 +173,10 @@ class RedeliveryFilter:
     too, except those whose ack the broker did process. So for each fingerprint
     the first ``unplanned`` redelivered copies pass, and up to ``owned`` more are
     dropped: the count emitted is right whichever way the unproven acks went.
+    Unplanned deliveries are counted for every fingerprint, owned or not, so that
+    a return the filter expects is never taken for something else: with a journal,
+    ``copies`` looks a redelivery the filter knows nothing of up among what the live
+    channels delivered, and two returned messages of one content must both pass.
     """
 
     def __init__(self, retention_seconds: float = 1800.0, by: str = "messageId") -> None:
@@ -186,12 +191,11 @@ class RedeliveryFilter:
 
     def session_lost(self, owned: list[Entry], unplanned: list[Entry]) -> None:
         self.expect(((e.delivery.queue, fingerprint(e.delivery, self.by)), e.owner) for e in owned)
-        if not self._owners:
-            return
+        expires = time.monotonic() + self.retention
         for entry in unplanned:
             key = (entry.delivery.queue, fingerprint(entry.delivery, self.by))
-            if key in self._owners:
-                self._pass[key] = self._pass.get(key, 0) + 1
+            self._pass[key] = self._pass.get(key, 0) + 1
+            self._expiry[key] = expires
 
     def expect(self, copies: Iterable[tuple[tuple[str, Fingerprint], int]]) -> None:
         """Copies that may come back redelivered, each ``((queue, fingerprint), owning batch)``."""
@@ -203,15 +207,26 @@ class RedeliveryFilter:
 
     def match(self, delivery: Delivery) -> int | None:
         """The owning batch of a redelivered copy, consuming one occurrence; None if it is to be emitted."""
-        if not self._owners:
+        owner = self.judge(delivery)
+        return None if owner == RETURNED else owner
+
+    def judge(self, delivery: Delivery) -> int | None:
+        """As ``match``, but RETURNED for one of a lost channel's unplanned deliveries (emitted, and not to be taken
+        for a copy of anything else), None for a redelivery the filter expects nothing of."""
+        if not self._owners and not self._pass:
             return None
         key = (delivery.queue, fingerprint(delivery, self.by))
+        passing = self._pass.get(key)
+        if passing:
+            if passing > 1:
+                self._pass[key] = passing - 1
+            else:
+                del self._pass[key]
+                if key not in self._owners:
+                    self._expiry.pop(key, None)
+            return RETURNED
         owners = self._owners.get(key)
         if not owners:
-            return None
-        passing = self._pass.get(key, 0)
-        if passing:
-            self._pass[key] = passing - 1
             return None
         # Credit the copy to the newest batch that holds this fingerprint: the
         # copy may be that batch's own message, and acking it with an older,
@@ -248,4 +263,5 @@ class RedeliveryFilter:
             self._forget(key)
 
     def __len__(self) -> int:
-        return sum(len(v) for v in self._owners.values())
+        """Returns still expected: copies to drop and unplanned deliveries to emit."""
+        return sum(len(v) for v in self._owners.values()) + sum(self._pass.values())

@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 import urllib.parse
+from typing import Any
 
 import pika
 import pytest
@@ -103,6 +104,26 @@ def test_close_channels_with_code(embedded: EmbeddedBroker) -> None:
     assert closed[0][0] == 406 and "injected" in closed[0][1]
     assert embedded.queue_stats("q") == {"ready": 1, "unacked": 0, "consumers": 0}
     assert conn.is_open  # a channel error, not a connection error
+
+
+def test_redeliver_unacked_sends_them_again_on_the_same_channel(embedded: EmbeddedBroker) -> None:
+    conn = _queue(embedded, durable=True, arguments={"x-queue-type": "quorum"})
+    ch = conn.channel()
+    for i in range(3):
+        ch.basic_publish("", "q", b"%d" % i)
+    got: list[tuple[Any, Any, bytes]] = []
+    ch.basic_qos(prefetch_count=10)
+    ch.basic_consume("q", lambda c, m, p, b: got.append((m, p, b)))
+    wait_for(lambda: conn.process_data_events(time_limit=0.05) or len(got) == 3)
+    ch.basic_ack(1)
+    assert embedded.redeliver_unacked("q") == 2
+    wait_for(lambda: conn.process_data_events(time_limit=0.05) or len(got) == 5)
+    assert [(m.delivery_tag, m.redelivered, b) for m, _, b in got[3:]] == [(4, True, b"1"), (5, True, b"2")]
+    assert [p.headers for _, p, _ in got[3:]] == [{"x-acquired-count": 1}] * 2  # a return the delivery-limit does not count
+    ch.basic_ack(3)  # an old tag: accepted, and nothing happens
+    ch.basic_ack(5, multiple=True)
+    conn.process_data_events(time_limit=0.1)
+    assert embedded.queue_stats("q") == {"ready": 0, "unacked": 0, "consumers": 1} and ch.is_open
 
 
 def test_refuse_connections_for_a_while(embedded: EmbeddedBroker) -> None:

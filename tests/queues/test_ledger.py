@@ -7,7 +7,7 @@ import collections
 import pika
 
 from spark_amqp.queues.inbox import Delivery
-from spark_amqp.queues.ledger import UNPLANNED, Acks, Entry, RedeliveryFilter, SessionLedger, fingerprint
+from spark_amqp.queues.ledger import RETURNED, UNPLANNED, Acks, Entry, RedeliveryFilter, SessionLedger, fingerprint
 
 
 def _d(tag: int, body: bytes = b"same", message_id: str | None = None, redelivered: bool = False, session: str = "s.1") -> Delivery:
@@ -119,6 +119,16 @@ def test_message_ids_match_exactly() -> None:
     assert filt.match(_d(7, message_id="b", redelivered=True)) is None
     assert filt.match(_d(8, message_id="a", redelivered=True)) == 3
     assert filt.match(_d(9, message_id="a", redelivered=True)) is None
+
+
+def test_every_unplanned_return_is_counted_to_pass() -> None:
+    # Two waiting messages of one content, none of it planned: both returns are the filter's, emitted and looked up no
+    # further (with a journal LiveCopies would otherwise take the second for a copy of the first), then it forgets them.
+    filt = RedeliveryFilter()
+    filt.session_lost([], [_entry(1, UNPLANNED), _entry(2, UNPLANNED), _entry(3, UNPLANNED, body=b"other")])
+    assert [filt.judge(_d(10 + i, redelivered=True, session="s.2")) for i in range(3)] == [RETURNED, RETURNED, None]
+    assert filt.match(_d(13, body=b"other", redelivered=True, session="s.2")) is None  # emitted, as before
+    assert len(filt) == 0 and filt.judge(_d(14, body=b"other", redelivered=True, session="s.2")) is None
 
 
 def test_entries_expire() -> None:
