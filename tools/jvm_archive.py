@@ -31,6 +31,7 @@ def main() -> None:
     from pyspark.sql import SparkSession
 
     os.environ["PYSPARK_PYTHON"] = sys.executable  # the workers need this venv's spark_amqp, as in the tests
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # on loopback, as the tests' sessions (conf binds the driver too)
     delta = sparkenv.has_delta_jars_for(pyspark.__version__) and sparkenv.jars_dir().is_dir()
     conf = sparkenv.delta_conf() if delta else sparkenv.LOCAL_CONF
     spark = SparkSession.builder.master("local[2]").appName("jvm-archive").config(map=conf).getOrCreate()
