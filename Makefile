@@ -199,7 +199,7 @@ test: $(STAMP) $(JARS_STAMP) $(DELTA_VENV)/.wheel $(INTEROP_CLASS) $(CDS_MAIN) $
 	@mkdir -p .cache
 	@rm -f .cache/test-phase1.done
 	export JAVA_TOOL_OPTIONS="$(TEST_JVM)"; \
-	JAVA_TOOL_OPTIONS="$(call test_jvm,$(CDS_MAIN))" $(call lane,faults) $(PY) -m pytest -m "cluster or faults" --durations=10 -rfEP --junitxml=.cache/junit-faults.xml $(PYTEST_ARGS) >.cache/test-faults.log 2>&1 & faults=$$!; \
+	SPARK_AMQP_TEST_MASTER="local[16,3]" JAVA_TOOL_OPTIONS="$(call test_jvm,$(CDS_MAIN))" $(call lane,faults) $(PY) -m pytest -m "cluster or faults" --durations=10 -rfEP --junitxml=.cache/junit-faults.xml $(PYTEST_ARGS) >.cache/test-faults.log 2>&1 & faults=$$!; \
 	JAVA_TOOL_OPTIONS="$(call test_jvm,$(CDS_DELTA))" $(call lane,delta) $(DELTA_PY) -m pytest -m "spark and delta" --durations=5 --junitxml=.cache/junit-delta.xml $(PYTEST_ARGS) >.cache/test-delta.log 2>&1 & delta=$$!; \
 	trap 'kill $$delta $$faults 2>/dev/null' INT TERM; \
 	$(call lane,plain) $(PY) -m pytest -m "not spark and not cluster" -n $(TEST_WORKERS) --junitxml=.cache/junit-plain.xml $(PYTEST_ARGS); plain=$$?; \

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from spark_amqp.errors import AllEndpointsFailed, AmqpSourceError, BrokerUnreachable, ConnectionLost, Unchecked
-from spark_amqp.transport.outage import BrokerOutage, Outage
+from spark_amqp.queues.options import parse_source_options
+from spark_amqp.transport.outage import LAST_ATTEMPT, BrokerOutage, Outage
 
 WHERE = "amqp://etl@h1:5672,h2:5672/prod"
 
@@ -122,3 +125,37 @@ def test_a_check_that_cannot_be_asked_fails_with_its_own_message_the_broker_havi
         o.check(now=20.0)
     assert not isinstance(failed.value, BrokerOutage)
     assert str(failed.value).startswith("stream 's': offsets 100 to 199 did not come") and "brokerOutageTimeout=20s" in str(failed.value)
+
+
+def test_a_connection_attempt_ends_by_the_deadline_or_a_short_last_one_after_it() -> None:
+    # An attempt waits connectionTimeout (30 s) on a silent node: begun just before the deadline, or in each of Spark's
+    # retries of a task after it, it stretched the query's deadline by that much.
+    options = parse_source_options({"uri": "amqp://u@h/v", "queue": "q"}).connection
+    assert options.connection_timeout == 30.0
+    fresh = Outage(120.0, WHERE)
+    assert fresh.attempt_options(options) is options
+    down = Outage(120.0, WHERE)
+    down.failed(ConnectionLost("missed heartbeats"), now=100.0, heard=0.0)
+    assert down.attempt_options(options, now=100.0).connection_timeout == 20.0  # what is left of the deadline
+    assert down.attempt_options(options, now=130.0).connection_timeout == LAST_ATTEMPT
+    retried = Outage(120.0, WHERE, retried_since=1000.0)
+    assert retried.attempt_options(options, wall=1050.0) is options  # planned 50 s ago: 70 s left
+    assert retried.attempt_options(options, wall=1120.0).connection_timeout == LAST_ATTEMPT
+    quiet = Outage(120.0, WHERE)
+    quiet.quiet_since = 1000.0  # planned while the planner heard nothing since then
+    assert quiet.attempt_options(options, wall=1110.0).connection_timeout == 10.0
+
+
+def test_a_task_planned_while_the_planner_heard_nothing_counts_from_the_query_s_last_answer() -> None:
+    # A batch planned from the last ends known, during an outage: its task reaches no broker either.
+    o = Outage(120.0, WHERE)
+    o.quiet_since = time.time() - 100.0  # the planner's last answer, 100 s ago
+    o.failed(ConnectionLost("no answer within connectionTimeout=30s"), tried=time.monotonic() - 30.0)
+    assert 99.0 <= o.seconds() <= 101.0
+    answered = Outage(120.0, WHERE)
+    answered.quiet_since = time.time() - 100.0
+    answered.failed(ConnectionLost("missed heartbeats"), heard=time.monotonic() - 10.0)  # it heard the broker since
+    assert 9.0 <= answered.seconds() <= 11.0
+    answered.recovered()
+    answered.failed(ConnectionLost("refused"), tried=time.monotonic() - 1.0)  # an outage after a recovery: its own
+    assert answered.seconds() <= 2.0

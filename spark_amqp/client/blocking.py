@@ -53,9 +53,11 @@ class BlockingClient(Generic[C]):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._client: C | None = None
-        # When the connection last dropped after a failure had last heard from its broker (monotonic): an outage that
-        # failure opens began then (``Outage.failed``).
+        # After a failure: when the connection it dropped had last heard from its broker, or with none, when the failed
+        # attempt began (monotonic): an outage that failure opens began then (``Outage.failed``).
         self.heard: float | None = None
+        self.tried: float | None = None
+        self.answers = 0  # calls the broker answered: a caller's outage ends only with one
 
     def run(self, call: Callable[[C], Awaitable[T]], subject: str, retry_for: float | None = None) -> T:
         """``call(client)`` on the loop thread; ``subject`` names what is asked about in errors (e.g. "stream 'events'").
@@ -64,12 +66,14 @@ class BlockingClient(Generic[C]):
         deadline = time.monotonic() + (options.connection_timeout if retry_for is None else retry_for)
         backoff = Backoff(cap=5.0)
         while True:
+            began = time.monotonic()
             try:
-                return self._submit(call)
+                answer = self._submit(call)
+                self.answers += 1
+                return answer
             except Exception as err:
                 client = self._client
-                if client is not None:
-                    self.heard = client.last_heard
+                self.heard, self.tried = (client.last_heard, None) if client is not None else (None, began)
                 self._drop()
                 if isinstance(err, AmqpSourceError):
                     raise
@@ -115,7 +119,7 @@ class BlockingClient(Generic[C]):
         client = self._client
         if client is None or client.closed.done():
             client = await self._connect(self.options, self.client_name)
-            self._client, self.heard = client, None
+            self._client = client
         return await call(client)
 
     def _drop(self) -> None:

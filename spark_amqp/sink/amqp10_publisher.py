@@ -34,6 +34,7 @@ from ..amqp10_client.links import serial_ids
 from ..amqp10_client.management import bind, declare_exchange, declare_queue
 from ..errors import AmqpProtocolError, AmqpPublishError, ConnectionLost, explain, is_transient
 from ..transport.endpoints import Endpoint
+from ..transport.outage import Outage
 from .amqp10_messages import Amqp10Message, Amqp10MessageBuilder
 from .confirms import ConfirmWindow
 from .options import SinkOptions
@@ -63,7 +64,7 @@ class Amqp10PartitionPublisher:
         while True:
 
             async def ready(last: Endpoint | None = left) -> tuple[Amqp10Client, Sender]:
-                return await self._ready(description, last)
+                return await self._ready(description, last, reconnects.outage)
 
             client, anonymous = await patiently(opts, ready, self.retried_since, reconnects.outage, self.taken)
             window: ConfirmWindow[Amqp10Message] = ConfirmWindow(opts.max_in_flight)
@@ -180,8 +181,8 @@ class Amqp10PartitionPublisher:
         _watch(sender.closed, failed)
         return sender
 
-    async def _ready(self, description: str, last: Endpoint | None) -> tuple[Amqp10Client, Sender]:
-        c = self.options.connection
+    async def _ready(self, description: str, last: Endpoint | None, outage: Outage) -> tuple[Amqp10Client, Sender]:
+        c = outage.attempt_options(self.options.connection)
         client = None
         try:
             client = await Amqp10Client.connect(c, f"spark-amqp sink {description}", last)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -123,7 +124,7 @@ class PartitionPublisher:
         out up to brokerOutageTimeout."""
 
         async def attempt() -> tuple[AmqpClient, ClientChannel]:
-            client = await _connect(self.options, description, last)
+            client = await _connect(self.options, description, last, outage)
             try:
                 if on_connect is not None:
                     await on_connect(client)
@@ -276,9 +277,10 @@ class Reconnects:
         return delay
 
 
-async def _connect(opts: SinkOptions, description: str, last: Endpoint | None = None) -> AmqpClient:
+async def _connect(opts: SinkOptions, description: str, last: Endpoint | None = None, outage: Outage | None = None) -> AmqpClient:
+    connection = opts.connection if outage is None else outage.attempt_options(opts.connection)
     try:
-        return await AmqpClient.connect(opts.connection, f"spark-amqp sink {description}", last)
+        return await AmqpClient.connect(connection, f"spark-amqp sink {description}", last)
     except AmqpProtocolError as err:
         c = opts.connection
         raise AmqpPublishError(f"{explain(err, c.display_uri, c.username, c.vhost)}; {retry_hint(err)}") from err
@@ -299,13 +301,14 @@ async def patiently(
     if outage is None:
         outage = Outage(opts.connection.outage_timeout, opts.connection.display_uri, retried_since)
     while True:
+        began = time.monotonic()
         try:
             return await attempt()
         except AmqpPublishError as err:
             cause = err.__cause__
             if cause is None or not is_transient(cause):
                 raise
-            outage.failed(cause)
+            outage.failed(cause, tried=began)
             delay = backoff.next()
             if not outage.allows(delay):
                 done = "nothing was published" if not taken else "the task fails so that Spark retries it"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator
 
 import pyarrow as pa
@@ -82,8 +83,9 @@ class StreamPartitionPublisher:
         outage = Outage(self.options.connection.outage_timeout, self.options.connection.display_uri, self.retried_since)
         while True:
             confirmed_before = self.confirmed
+            began = time.monotonic()
             try:
-                await self._connect()
+                await self._connect(outage)
                 await self._resend()
                 for message in messages:
                     await self._take(message)
@@ -96,7 +98,7 @@ class StreamPartitionPublisher:
                 if self.confirmed > confirmed_before:
                     backoff.reset()
                     outage.recovered()
-                outage.failed(failed.reason, unreachable=failed.unreachable, heard=self._heard())
+                outage.failed(failed.reason, unreachable=failed.unreachable, heard=self._heard(), tried=began)
                 delay = backoff.next()
                 if not self._may_retry(failed, outage, delay):
                     raise self._error(failed, outage, delay) from failed.reason
@@ -122,8 +124,9 @@ class StreamPartitionPublisher:
         heard = [c.last_heard for c in (self._client, *self._via) if c is not None]
         return max(heard) if heard else None
 
-    async def _connect(self) -> None:
+    async def _connect(self, outage: Outage) -> None:
         opts = self.options
+        options = outage.attempt_options(opts.connection)
         self._failure = None
         self._buffers.clear()
         self._buffer_sizes.clear()
@@ -131,9 +134,9 @@ class StreamPartitionPublisher:
         name = f"spark-amqp sink {self.producer.description}"
         try:
             if opts.stream is not None:  # one stream: publish on its leader's node (much faster than forwarded)
-                client = await connect_to_leader(opts.connection, opts.stream, name)
+                client = await connect_to_leader(options, opts.stream, name)
             else:  # a super stream's partitions lead on several nodes: a connection to each leader, found below
-                client = await StreamClient.connect(opts.connection, name)
+                client = await StreamClient.connect(options, name)
         except AmqpProtocolError as err:
             raise _Failed(err, unreachable=True) from None
         self._client = client

@@ -91,7 +91,7 @@ class StreamPlanner:
                 raise
             # Once started, an outage that keeps a question from being answered means no new batch yet,
             # until it has lasted brokerOutageTimeout.
-            self.outage.failed(err, heard=self.client.heard)
+            self.outage.failed(err, heard=self.client.heard, tried=self.client.tried)
             self.outage.check()
             log.warning("AMQP source: %s; no new batch until the broker answers", err)
             kept = {s: n for s, n in origin.positions if s in self.streams}
@@ -166,12 +166,14 @@ class StreamPlanner:
         with "no batch yet", as latestOffset can (seen: a stream's only node drained under a query)."""
         backoff = Backoff()
         while True:
+            answers = self.client.answers
             try:
                 ask()
-                self.outage.recovered()
+                if self.client.answers > answers:  # not an answer from what the planner knew: the outage goes on
+                    self.outage.recovered()
                 return
             except BrokerUnreachable as err:
-                self.outage.failed(err, heard=self.client.heard)
+                self.outage.failed(err, heard=self.client.heard, tried=self.client.tried)
                 self.outage.check()
                 delay = backoff.next()
                 log.warning("AMQP source: %s; planning the batch again in %.1fs", err, delay)
@@ -230,7 +232,7 @@ class StreamPlanner:
         except BrokerUnreachable as err:
             if known is None:
                 raise
-            self.outage.failed(err, heard=self.client.heard)
+            self.outage.failed(err, heard=self.client.heard, tried=self.client.tried)
             self.outage.check()
             delay = min(self._backoff.next(), self.outage.left())
             self._retry_at = time.monotonic() + delay

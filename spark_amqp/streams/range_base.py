@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from ..errors import AmqpSourceError, ConnectionLost, InternalError, Unchecked, explain, is_transient
@@ -61,6 +62,7 @@ class RangeReader:
         self.outage = Outage(options.connection.outage_timeout, options.connection.display_uri)
         self.shortfall = Shortfall(options.connection.outage_timeout)
         self.connecting = False
+        self.connect_began = time.monotonic()
         self._refused = (-1, 0)  # (offset, how many 541s in a row there)
         self.row_filter = filtering.RowFilter(options.filter, options.match_unfiltered) if options.filter else None
         self.broker_filter = filtering.consumer_arguments(options)
@@ -114,6 +116,7 @@ class RangeReader:
             try:
                 if self.client is None:
                     self.connecting = True  # a failure now reached no endpoint (the Outage of a retried task asks)
+                    self.connect_began = time.monotonic()
                     await self._connect()
                     self.connecting = False
                 if self.gaps:  # before more rows go out: a loss must fail the task before the rows after it
@@ -278,7 +281,7 @@ class RangeReader:
         """Read again after the last offset read, once the backoff's delay has passed. The planner reached the
         broker before this task was planned, so an outage is waited out, with a warning each time, for up to
         brokerOutageTimeout (then the task fails, naming each endpoint's last error, and Spark retries it)."""
-        self.outage.failed(err, unreachable=self.connecting, heard=self._heard())
+        self.outage.failed(err, unreachable=self.connecting, heard=self._heard(), tried=self.connect_began)
         self.connecting = False
         self.outage.check()
         delay = min(self.backoff.next(), self.outage.left())  # the last attempt starts in time

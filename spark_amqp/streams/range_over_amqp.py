@@ -51,7 +51,9 @@ class AmqpRangeReader(RangeReader):
         self._check_backoff = Backoff()
 
     async def _connect(self) -> None:
-        self.client = await AmqpClient.connect(self.options.connection, f"spark-amqp stream reader {self.part.stream}")
+        self.client = await AmqpClient.connect(
+            self.outage.attempt_options(self.options.connection), f"spark-amqp stream reader {self.part.stream}"
+        )
         await self.access.require(self.client, self.options)
 
     async def _subscribe(self) -> None:

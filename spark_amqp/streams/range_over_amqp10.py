@@ -50,7 +50,8 @@ class Amqp10RangeReader(AmqpRangeReader):
     async def _connect(self) -> None:
         # The checks on jumps and silences ask over AMQP 0-9-1 (``self.client``), on the same port on RabbitMQ 4.
         await super()._connect()
-        link_client = await Amqp10Client.connect(self.options.connection, f"spark-amqp stream reader {self.part.stream}")
+        connection = self.outage.attempt_options(self.options.connection)
+        link_client = await Amqp10Client.connect(connection, f"spark-amqp stream reader {self.part.stream}")
         self.link_client = link_client
         if not link_client.rabbitmq:
             product = link_client.server_properties.get("product", "this broker")

@@ -56,7 +56,8 @@ class ProtocolRangeReader(RangeReader):
     async def _connect(self) -> None:
         # A node that holds the stream (a subscription elsewhere gets 0x06): asked again after every lost
         # connection or metadata update, so a reader follows its stream through failovers.
-        client = await connect_to_member(self.options.connection, self.part.stream, f"spark-amqp stream reader {self.part.stream}")
+        connection = self.outage.attempt_options(self.options.connection)
+        client = await connect_to_member(connection, self.part.stream, f"spark-amqp stream reader {self.part.stream}")
         self.client = client
         client.on_metadata_update = self._on_metadata_update
         client.closed.add_done_callback(lambda closed: self._on_closed(client, closed))

@@ -28,13 +28,18 @@ def reader_for(options: StreamSourceOptions, part: StreamRange) -> RangeReader:
 
 
 def read_range(
-    options: StreamSourceOptions, part: StreamRange, batch_rows: int = BATCH_ROWS, retried_since: float | None = None
+    options: StreamSourceOptions,
+    part: StreamRange,
+    batch_rows: int = BATCH_ROWS,
+    retried_since: float | None = None,
+    quiet_since: float | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Arrow record batches of the range's messages, in offset order. ``retried_since``: in Spark's retry of the task,
-    when the range was planned (``Outage``)."""
+    when the range was planned; ``quiet_since``: since when the planner had heard nothing from the broker (``Outage``)."""
     loop = asyncio.new_event_loop()
     reader = reader_for(options, part)
     reader.outage.retried_since = retried_since
+    reader.outage.quiet_since = quiet_since
     try:
         while not reader.exhausted:
             rows = loop.run_until_complete(reader.next_rows(batch_rows))

@@ -28,13 +28,18 @@ __all__ = ["StreamRangePartition", "StreamReader"]
 class StreamRangePartition(InputPartition):
     """One task of a micro-batch: offsets ``start`` to ``end - 1`` of one stream."""
 
-    def __init__(self, index: int, stream: str, start: int, end: int, planned_at: float | None = None) -> None:
+    def __init__(
+        self, index: int, stream: str, start: int, end: int, planned_at: float | None = None, quiet_since: float | None = None
+    ) -> None:
         super().__init__(index)
         self.index = index
         self.stream = stream
         self.start = start
         self.end = end
         self.planned_at = time.time() if planned_at is None else planned_at  # the driver's clock
+        # Planned from the last ends known while the planner heard nothing from the broker: since when (its clock). A
+        # task that reaches no broker either counts its deadline from there, the query's last answer.
+        self.quiet_since = quiet_since
 
     def __repr__(self) -> str:
         return f"StreamRangePartition(index={self.index}, stream={self.stream!r}, start={self.start}, end={self.end})"
@@ -71,8 +76,9 @@ class StreamReader(DataSourceStreamReader, *AVAILABLE_NOW_BASES):  # type: ignor
         self.planner.prepare_available_now()
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[StreamRangePartition]:
+        quiet = self.planner.outage.since_wall  # as it was when the batch was planned
         ranges = self.planner.partitions(start, end)
-        return [StreamRangePartition(i, r.stream, r.start, r.end) for i, r in enumerate(ranges)]
+        return [StreamRangePartition(i, r.stream, r.start, r.end, quiet_since=quiet) for i, r in enumerate(ranges)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         yield from read_partition(self.options, partition)
@@ -90,4 +96,5 @@ def read_partition(options: StreamSourceOptions, partition: InputPartition) -> I
     attempts together wait ``brokerOutageTimeout`` and not each of them (``transport.outage.Outage``)."""
     assert isinstance(partition, StreamRangePartition)
     since = retried_since(partition.planned_at)
-    yield from read_range(options, StreamRange(partition.stream, partition.start, partition.end), retried_since=since)
+    part = StreamRange(partition.stream, partition.start, partition.end)
+    yield from read_range(options, part, retried_since=since, quiet_since=partition.quiet_since)

@@ -12,13 +12,18 @@ and successes and passes the clock.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import time
 from typing import Any
 
 from ..errors import AllEndpointsFailed, AmqpSourceError, Unchecked
+from .options import ConnectionOptions
 
-__all__ = ["BrokerOutage", "Outage", "retried_since"]
+__all__ = ["LAST_ATTEMPT", "BrokerOutage", "Outage", "retried_since"]
+
+# The most a retried task's connection attempt takes once the query's deadline has passed (``Outage.attempt_options``).
+LAST_ATTEMPT = 5.0
 
 
 class BrokerOutage(AmqpSourceError):
@@ -41,19 +46,33 @@ class Outage:
         self.last_error: BaseException | None = None
         self.failures = 0
         self.unreachable = False  # the last failure reached no endpoint (not a connection that ended)
+        # In a task: since when the planner had heard nothing from the broker when it planned the task (wall clock, the
+        # driver's), if it was in an outage: the query's last answer came then.
+        self.quiet_since: float | None = None
 
     @property
     def down(self) -> bool:
         return self.since is not None
 
-    def failed(self, err: BaseException, now: float | None = None, unreachable: bool = True, heard: float | None = None) -> None:
+    def failed(
+        self,
+        err: BaseException,
+        now: float | None = None,
+        unreachable: bool = True,
+        heard: float | None = None,
+        tried: float | None = None,
+    ) -> None:
         """``unreachable``: no endpoint gave a connection (False: one that was open ended). ``heard``: when the connection
-        that ended last heard from its broker (monotonic). The outage began then, not when the silence was found: with
-        the default heartbeat (60 s) finding it takes up to two minutes, and a deadline counted from there doubled."""
+        that ended last heard from its broker; ``tried``: with none open, when the failed attempt began (both monotonic).
+        The outage began with the last answer the query had (this connection's, or the planner's: ``quiet_since``), not
+        when the silence was found: with the default heartbeat (60 s) finding it takes up to two minutes, and a deadline
+        counted from there doubled."""
         self.unreachable = unreachable
         now = time.monotonic() if now is None else now
         if self.since is None:
-            began = now if heard is None else min(now, heard)
+            answers = [t for t in (heard, self._quiet()) if t is not None]
+            last = max(answers) if answers else tried
+            began = now if last is None else min(now, last)
             self.since, self.since_wall = began, time.time() - (time.monotonic() - began)
         self.failures += 1
         self.last_error = err
@@ -63,8 +82,12 @@ class Outage:
         else:
             self.last = {self.where: str(err)}
 
+    def _quiet(self) -> float | None:
+        quiet = self.quiet_since
+        return None if quiet is None else time.monotonic() - (time.time() - quiet)
+
     def recovered(self) -> None:
-        self.since = self.since_wall = None
+        self.since = self.since_wall = self.quiet_since = None
         self.unreachable = False
         self.last = {}
         self.last_error = None
@@ -90,6 +113,27 @@ class Outage:
         if self.retried_since is not None and self.unreachable and self.seconds(now) < self.timeout:  # not its own wait
             return f"{tried}: {self.retried_too_late(wall)}"
         return f"{tried}: brokerOutageTimeout={self.timeout:g}s"
+
+    def attempt_options(self, options: ConnectionOptions, now: float | None = None, wall: float | None = None) -> ConnectionOptions:
+        """``options`` for the next connection attempt: one that ends by the query's deadline, or ``LAST_ATTEMPT`` after
+        it once that has passed. An attempt waits ``connectionTimeout`` on a silent node, and each one begun just
+        before the deadline, or in each of Spark's retries of a task after it, stretched the query's deadline by that
+        much (by 60 s of the defaults' 30 s with three attempts, measured)."""
+        limit = max(LAST_ATTEMPT, self.timeout - self.lasted(now, wall))
+        if options.connection_timeout <= limit:
+            return options
+        return dataclasses.replace(options, connection_timeout=limit)
+
+    def lasted(self, now: float | None = None, wall: float | None = None) -> float:
+        """How long the query has gone without an answer, as far as this side knows: this outage, the planner's
+        (``quiet_since``), or since a retried task's work was planned."""
+        wall = time.time() if wall is None else wall
+        known = [self.seconds(now)]
+        if self.quiet_since is not None:
+            known.append(wall - self.quiet_since)
+        if self.retried_since is not None:
+            known.append(self.planned_ago(wall))
+        return max(known)
 
     def retry_expired(self, delay: float = 0.0, wall: float | None = None) -> bool:
         """In a retried task that reaches no endpoint, whether its work was planned ``timeout`` or more ago (after
