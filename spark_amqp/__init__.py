@@ -17,7 +17,16 @@ try:
 except PackageNotFoundError:  # imported from a source tree that was never installed
     __version__ = "0+unknown"
 
-__all__ = ["__version__", "register"]
+__all__ = ["__version__", "register", "rows_path"]
+
+
+def rows_path() -> str:
+    """Which path makes a stream source's rows in this Python: ``"rows: compiled core (spark-amqp-core 0.1.0, Rust)"``,
+    or ``"rows: pure Python (...)"`` saying why (docs/compiled-core.md). Spark's ``explain()`` cannot show it: a Python
+    data source shows its name and options there only. A source runner logs the same line as it starts."""
+    from .streams.held import rows_path as path
+
+    return path()
 
 
 def register(spark: Any) -> None:

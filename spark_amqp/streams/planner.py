@@ -20,6 +20,7 @@ from ..transport.backoff import Backoff
 from ..transport.outage import Outage
 from . import expression_filters
 from .access import access_for
+from .held import log_rows_path
 from .identity import Identities
 from .offset import UNSET, StreamOffset
 from .options import At, StreamSourceOptions
@@ -61,6 +62,7 @@ class StreamPlanner:
         # process returned or was handed (a restart begins with partitions(x, x) of the newest
         # logged offset) stands in for it.
         self.last_end: StreamOffset | None = None
+        log_rows_path(log, options.connection.stream_protocol)
 
     # -- Spark's calls ---------------------------------------------------------------
 

@@ -18,11 +18,14 @@ import logging
 import time
 from typing import Any
 
+import pyarrow as pa
+
 from ..errors import AmqpSourceError, ConnectionLost, InternalError, Unchecked, explain, is_transient
 from ..transport.backoff import Backoff
 from ..transport.outage import Outage
 from . import filtering
 from .access import access_for
+from .held import HeldRows
 from .options import StreamSourceOptions
 from .ranges import StreamRange, judge_gap
 from .shortfall import Shortfall
@@ -51,7 +54,7 @@ class RangeReader:
         self.access = access_for(options.connection)
         self.next_offset = part.start  # the first offset not yet read
         self.done = part.size <= 0
-        self.rows: list[Row] = []
+        self.rows = HeldRows()  # row tuples, and the compiled core's columns (range_over_protocol)
         self.client: Any = None
         self.subscribed = False
         self.failure: BaseException | None = None
@@ -108,7 +111,7 @@ class RangeReader:
     def _refill(self) -> None:
         """Give back the credit held back while ``full``."""
 
-    async def next_rows(self, limit: int) -> list[Row]:
+    async def next_rows(self, limit: int) -> list[pa.RecordBatch]:
         timeout = self.options.connection.connection_timeout
         self.limit = limit
         self._refill()
@@ -147,8 +150,7 @@ class RangeReader:
                     raise self._explained(err) from err
                 await self._check_repeated_refusal(err)
                 await self._resume(err)
-        rows, self.rows = self.rows, []
-        return rows
+        return self.rows.take()
 
     async def close(self) -> None:
         client, self.client, self.subscribed = self.client, None, False

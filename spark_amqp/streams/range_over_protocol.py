@@ -2,9 +2,11 @@
 
 The subscription starts at the range's first offset with ``CREDIT`` chunks of
 credit, and gets one more chunk of credit for each chunk that arrives, until the
-range's end has come. Each chunk's CRC is checked before any of it becomes a row
-(``chunks.records``); records become rows as an AMQP 0-9-1 read would make them
-(``RowMaker``), so the same offsets give the same rows over either protocol.
+range's end has come. Each chunk's CRC is checked before any of it becomes a row; records become rows as an
+AMQP 0-9-1 read would make them, so the same offsets give the same rows over either
+protocol. Where the compiled core is installed (``stream_protocol.core``) it takes a whole
+chunk at once, range and row filter included, into Arrow columns; a chunk it leaves to
+Python goes through ``chunks.records`` and ``RowMaker`` as everywhere else, in its place.
 
 The broker ends the subscription itself when its stream is deleted (a metadata
 update): that is a lost subscription, resumed like a lost connection, and the
@@ -16,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ConnectionLost
-from ..stream_protocol import chunks
+from ..stream_protocol import chunks, core
 from ..stream_protocol.client import OffsetSpec, StreamClient
 from ..stream_protocol.rows import Conversion, RowMaker
 from ..stream_protocol.topology import connect_to_member
@@ -61,7 +63,11 @@ class ProtocolRangeReader(RangeReader):
         self.client = client
         client.on_metadata_update = self._on_metadata_update
         client.closed.add_done_callback(lambda closed: self._on_closed(client, closed))
-        self.maker = RowMaker(self.part.stream, Conversion.of(client.server_version))
+        conversion = Conversion.of(client.server_version)
+        self.maker = RowMaker(self.part.stream, conversion)
+        f = self.row_filter
+        values, unfiltered = (None, False) if f is None else (f.values, f.match_unfiltered)
+        self.rows.use(core.builder(self.part.stream, conversion, values, unfiltered))
         await self.access.require(client, self.options)
 
     async def _subscribe(self) -> None:
@@ -94,29 +100,34 @@ class ProtocolRangeReader(RangeReader):
             return
         try:
             header = chunks.read_header(data)
-            records = chunks.records(data, header)
+            first = header.first_offset
+            skip = max(0, self.next_offset - first)
+            # The core checks the whole chunk as chunks.records does, and adds the rows of the range the filter keeps
+            # (none when the chunk holds none of it); or it leaves the chunk to Python, having added nothing.
+            taken = self.rows.add_chunk(data, skip, max(skip, min(header.records, self.part.end - first)))
+            records = [] if taken else chunks.records(data, header)
         except Exception as err:  # a damaged chunk: nothing of it becomes a row, and the task fails
             self.failure = err
             self.arrived.set()
             return
-        first = header.first_offset
-        skip = max(0, self.next_offset - first)
-        if skip >= len(records):
+        count = header.records if taken else len(records)  # the same: the core took a chunk with that many
+        if skip >= count:
             self._credit()
             return  # all before the offset asked for
-        stop = min(len(records), self.part.end - first)
+        stop = min(count, self.part.end - first)
         if stop <= skip:
             self._offered(first + skip)  # a jump past the range's end: noted, and the range is done
             self.arrived.set()
             return
         assert self.maker is not None
         self._offered(first + skip)  # the jump into this chunk, if any; every offset of a chunk holds a message
-        row = self.maker.row
-        stream_rows = [row(records[i], first + i) for i in range(skip, stop)]
-        if self.row_filter is not None:
-            keeps = self.row_filter.keeps
-            stream_rows = [r for r in stream_rows if keeps(r[5])]
-        self.rows.extend(stream_rows)
+        if not taken:
+            row = self.maker.row
+            stream_rows = [row(records[i], first + i) for i in range(skip, stop)]
+            if self.row_filter is not None:
+                keeps = self.row_filter.keeps
+                stream_rows = [r for r in stream_rows if keeps(r[5])]
+            self.rows.extend(stream_rows)
         self.next_offset = first + stop
         if self.next_offset >= self.part.end:
             self.done = True

@@ -7,7 +7,6 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from ..reading import arrow
 from .options import StreamSourceOptions
 from .range_base import RangeReader
 from .range_over_amqp import ACK_SHARE, AmqpRangeReader
@@ -42,9 +41,8 @@ def read_range(
     reader.outage.quiet_since = quiet_since
     try:
         while not reader.exhausted:
-            rows = loop.run_until_complete(reader.next_rows(batch_rows))
-            if rows:
-                yield arrow.to_stream_batch(rows)
+            # Most often one batch; more where the compiled core's columns and Python's rows meet (``HeldRows``).
+            yield from loop.run_until_complete(reader.next_rows(batch_rows))
     finally:
         loop.run_until_complete(reader.close())
         loop.close()

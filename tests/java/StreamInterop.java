@@ -24,7 +24,9 @@ import java.util.zip.CRC32;
  *
  * <p>write: messages with bodies "m-0" .. "m-(COUNT-1)", in sub-entries of 100 compressed with CODEC (none,
  * gzip, snappy, lz4, zstd: the client's default codec factory), every one confirmed; it prints
- * "written N". read: the stream's first COUNT messages; it prints "read N crc C", C the CRC-32 of the
+ * "written N". CODEC "producer" writes each message in an entry of its own, as a producer's: its own message id,
+ * a correlation id, a creation time, a subject, a content type, three application properties (a string, an int,
+ * a boolean) and a 200-byte JSON body (tests/stream_protocol/test_core_parity.py reads them on both paths). read: the stream's first COUNT messages; it prints "read N crc C", C the CRC-32 of the
  * bodies in offset order, each followed by a newline. Connections go to the uri's host and port whatever
  * the broker advertises (several nodes share this machine). A wait that takes longer than 60 s fails.
  */
@@ -49,12 +51,15 @@ public final class StreamInterop {
   private static void write(Environment environment, String stream, String codec, int count) throws Exception {
     CountDownLatch confirmed = new CountDownLatch(count);
     AtomicLong refused = new AtomicLong();
+    boolean plain = codec.equals("producer");
     Producer producer =
-        environment.producerBuilder().stream(stream).subEntrySize(100).compression(compression(codec)).build();
+        plain
+            ? environment.producerBuilder().stream(stream).build()
+            : environment.producerBuilder().stream(stream).subEntrySize(100).compression(compression(codec)).build();
     for (int i = 0; i < count; i++) {
       byte[] body = ("m-" + i).getBytes(StandardCharsets.UTF_8);
       producer.send(
-          producer.messageBuilder().addData(body).build(),
+          plain ? producerMessage(producer, i) : producer.messageBuilder().addData(body).build(),
           status -> {
             if (!status.isConfirmed()) {
               refused.incrementAndGet();
@@ -68,6 +73,30 @@ public final class StreamInterop {
     }
     producer.close();
     System.out.println("written " + count);
+  }
+
+  private static com.rabbitmq.stream.Message producerMessage(Producer producer, int i) {
+    String json =
+        String.format(
+            "{\"order\":\"ord-%010d\",\"customer\":\"cust-%06d\",\"amount\":%d.37,\"currency\":\"EUR\","
+                + "\"items\":[{\"sku\":\"sku-%04d\",\"qty\":%d}],\"note\":\"producer-like payload xxxxxxxxxxxxxxxxxxxxxxxxxxxx\"}",
+            i, i * 7919 % 100000, i % 1000, i % 977, i % 5 + 1);
+    return producer
+        .messageBuilder()
+        .properties()
+        .messageId(String.format("msg-%012d", i))
+        .correlationId(String.format("corr-%010d", i / 4))
+        .creationTime(1767225600000L + i * 37L)
+        .subject(i % 3 == 0 ? "orders.updated" : "orders.created")
+        .contentType("application/json")
+        .messageBuilder()
+        .applicationProperties()
+        .entry("tenant", "tenant-" + (i % 13))
+        .entry("attempt", i % 1000 - 3)
+        .entry("priority_customer", i % 2 == 0)
+        .messageBuilder()
+        .addData(json.getBytes(StandardCharsets.UTF_8))
+        .build();
   }
 
   private static Compression compression(String codec) {

@@ -6,20 +6,28 @@ from collections.abc import Iterator
 
 import pytest
 
+from spark_amqp.stream_protocol import core
 from spark_amqp.streams.planner import StreamPlanner
 
 from . import helpers
 
 
-@pytest.fixture(params=["amqp", "stream-protocol", "amqp1.0"])
-def read_over(request: pytest.FixtureRequest) -> Iterator[str]:
+@pytest.fixture(params=["amqp", "stream-protocol", "stream-protocol-python", "amqp1.0"])
+def read_over(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """The protocol ``helpers.options`` reads over: the test's AMQP 0-9-1 url, the same broker's stream-protocol
-    url, or its AMQP 0-9-1 url with protocol=amqp1.0 (RabbitMQ 4.x). A module that must behave the same over all
-    asks for it for every test (``usefixtures``); tests of what only the AMQP 0-9-1 reader does are marked ``amqp_only``."""
+    url (with the compiled core where it is installed, and again on the pure-Python path: ``stream-protocol-python``),
+    or its AMQP 0-9-1 url with protocol=amqp1.0 (RabbitMQ 4.x). A module that must behave the same over all asks for
+    it for every test (``usefixtures``); tests of what only the AMQP 0-9-1 reader does are marked ``amqp_only``."""
     if request.param != "amqp" and request.node.get_closest_marker("amqp_only"):
         pytest.skip("what only the AMQP 0-9-1 reader does")
-    helpers.READ_OVER[0] = request.param
-    yield request.param
+    over = request.param
+    if over == "stream-protocol-python":
+        if core.CORE is None:
+            pytest.skip("no compiled core here: stream-protocol ran on the pure-Python path already")
+        monkeypatch.setattr(core, "CORE", None)  # read_range's readers ask for it as they connect
+        over = "stream-protocol"
+    helpers.READ_OVER[0] = over
+    yield over
     helpers.READ_OVER[0] = "amqp"
 
 

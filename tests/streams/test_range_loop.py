@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from spark_amqp.errors import AmqpSourceError
+from spark_amqp.reading import arrow
 from spark_amqp.streams import range_reader
 from spark_amqp.streams.options import parse_stream_options
 from spark_amqp.streams.range_base import RangeReader
@@ -56,7 +57,7 @@ class _LateJump(RangeReader):
 @pytest.mark.parametrize("fail_on_data_loss", [True, False], ids=["fail", "skip"])
 def test_a_jump_in_the_callbacks_that_end_the_range_is_still_checked(monkeypatch, caplog, fail_on_data_loss: bool) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setattr(range_reader, "AmqpRangeReader", _LateJump)
-    monkeypatch.setattr(range_reader.arrow, "to_stream_batch", lambda rows: [r[4] for r in rows])
+    monkeypatch.setattr(arrow, "to_stream_batch", lambda rows: [r[4] for r in rows])  # a "batch" is its offsets
     opts = parse_stream_options(
         {"uri": "amqp://guest:guest@127.0.0.1:1/%2F", "stream": "s", "failOnDataLoss": str(fail_on_data_loss).lower()}
     )

@@ -1,0 +1,829 @@
+#![forbid(unsafe_code)]
+//! Stream chunks to the source's columns (spark_amqp.reading.arrow.STREAM_ARROW_SCHEMA), without Python.
+//!
+//! The twin of spark_amqp.stream_protocol.rows.RowMaker (RabbitMQ 4.x's conversions), arrow.to_stream_batch and
+//! streams.filtering.RowFilter. Whatever it does not mirror exactly (3.x's conversion, compressed sub-entries,
+//! nested values, odd section layouts, undecodable data) is a `Fallback`: the chunk goes to the Python path, which
+//! then also raises the errors Python raises, so a malformed message fails the same way on both paths. A chunk is all
+//! or nothing (`Columns::rollback`). Safe code only: a bounds mistake here is a panic (a Python exception), never a
+//! read past a buffer.
+use std::io::Write;
+
+#[derive(Debug)]
+pub struct Fallback(pub &'static str);
+pub type R<T> = Result<T, Fallback>;
+
+fn fb<T>(why: &'static str) -> R<T> {
+    Err(Fallback(why))
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum V<'a> {
+    Null,
+    Bool(bool),
+    U(u64),
+    I(i64),
+    F32(f32),
+    F64(f64),
+    Ts(i64),
+    Uuid(&'a [u8]),
+    Bin(&'a [u8]),
+    Str(&'a str),
+    Sym(&'a [u8]),
+    Opaque(&'a [u8]),
+    List(usize, usize), // (count, end): items follow
+    Map(usize, usize),
+    Compound, // an array, or a list/map that was skipped
+}
+
+pub struct Reader<'a> {
+    pub d: &'a [u8],
+    pub p: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> R<&'a [u8]> {
+        let end = self.p.checked_add(n).ok_or(Fallback("overflow"))?;
+        if end > self.d.len() {
+            return fb("past the end");
+        }
+        let s = &self.d[self.p..end];
+        self.p = end;
+        Ok(s)
+    }
+    fn u8(&mut self) -> R<u8> {
+        Ok(self.take(1)?[0])
+    }
+    fn be<const N: usize>(&mut self) -> R<[u8; N]> {
+        Ok(self.take(N)?.try_into().unwrap())
+    }
+    fn u32(&mut self) -> R<u32> {
+        Ok(u32::from_be_bytes(self.be()?))
+    }
+
+    /// One value; a described value is unwrapped when `described` (its descriptor read and dropped).
+    /// A list or map is returned as its head: the caller reads its items, then `close`s it.
+    pub fn value(&mut self, described: bool) -> R<V<'a>> {
+        let code = self.u8()?;
+        Ok(match code {
+            0x00 => {
+                if !described {
+                    return fb("a described value");
+                }
+                let d = self.value(false)?;
+                self.skip(d)?;
+                let v = self.value(false)?;
+                return Ok(v);
+            }
+            0x40 => V::Null,
+            0x41 => V::Bool(true),
+            0x42 => V::Bool(false),
+            0x43 | 0x44 => V::U(0),
+            0x45 => V::List(0, self.p),
+            0x50 | 0x52 | 0x53 => V::U(self.u8()? as u64),
+            0x51 | 0x54 | 0x55 => V::I(self.u8()? as i8 as i64),
+            0x56 => V::Bool(self.u8()? != 0),
+            0x60 => V::U(u16::from_be_bytes(self.be()?) as u64),
+            0x61 => V::I(i16::from_be_bytes(self.be()?) as i64),
+            0x70 => V::U(self.u32()? as u64),
+            0x71 => V::I(i32::from_be_bytes(self.be()?) as i64),
+            0x72 => V::F32(f32::from_be_bytes(self.be()?)),
+            0x73 | 0x74 => V::Opaque(self.take(4)?),
+            0x80 => V::U(u64::from_be_bytes(self.be()?)),
+            0x81 => V::I(i64::from_be_bytes(self.be()?)),
+            0x82 => V::F64(f64::from_be_bytes(self.be()?)),
+            0x83 => V::Ts(i64::from_be_bytes(self.be()?)),
+            0x84 => V::Opaque(self.take(8)?),
+            0x94 => V::Opaque(self.take(16)?),
+            0x98 => V::Uuid(self.take(16)?),
+            0xA0 | 0xA1 | 0xA3 | 0xB0 | 0xB1 | 0xB3 => {
+                let n = if code < 0xB0 { self.u8()? as usize } else { self.u32()? as usize };
+                let raw = self.take(n)?;
+                match code & 0x0F {
+                    0x0 => V::Bin(raw),
+                    0x1 => V::Str(std::str::from_utf8(raw).map_err(|_| Fallback("a string not UTF-8"))?),
+                    _ => V::Sym(raw),
+                }
+            }
+            0xC0 | 0xC1 | 0xD0 | 0xD1 => {
+                let (size, count, head) = if code < 0xD0 {
+                    (self.u8()? as usize, self.u8()? as usize, 1)
+                } else {
+                    (self.u32()? as usize, self.u32()? as usize, 4)
+                };
+                // the size counts the count field and the items
+                let end = (self.p - head).checked_add(size).ok_or(Fallback("overflow"))?;
+                if end > self.d.len() || end < self.p {
+                    return fb("a compound past the end");
+                }
+                if code & 1 == 1 {
+                    if count % 2 == 1 {
+                        return fb("a map of an odd count");
+                    }
+                    V::Map(count / 2, end)
+                } else {
+                    V::List(count, end)
+                }
+            }
+            _ => return fb("a type left to Python (an array, an unknown code)"),
+        })
+    }
+
+    /// Past a value just read (a list's or map's items: each read, so that Python would decode them too).
+    pub fn skip(&mut self, v: V<'a>) -> R<()> {
+        match v {
+            V::List(n, end) => {
+                for _ in 0..n {
+                    let x = self.value(true)?;
+                    self.skip(x)?;
+                }
+                self.close(end)
+            }
+            V::Map(n, end) => {
+                for _ in 0..2 * n {
+                    let x = self.value(true)?;
+                    self.skip(x)?;
+                }
+                self.close(end)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The end of a list or map: where its size said (Python raises DecodeError otherwise).
+    pub fn close(&mut self, end: usize) -> R<()> {
+        if self.p != end {
+            return fb("a compound's items do not fill its size");
+        }
+        Ok(())
+    }
+}
+
+/// A string column: one validity byte a row (packed at the end), i32 offsets, the bytes.
+#[derive(Default)]
+pub struct StrCol {
+    pub valid: Vec<u8>,
+    pub offsets: Vec<i32>,
+    pub data: Vec<u8>,
+    pub nulls: usize,
+}
+
+impl StrCol {
+    fn new() -> Self {
+        StrCol { offsets: vec![0], ..Default::default() }
+    }
+    fn end(&mut self, valid: bool) -> R<()> {
+        if self.data.len() > i32::MAX as usize {
+            return fb("a column past 2 GiB");
+        }
+        self.offsets.push(self.data.len() as i32);
+        self.valid.push(valid as u8);
+        self.nulls += !valid as usize;
+        Ok(())
+    }
+    fn push(&mut self, v: Option<&[u8]>) -> R<()> {
+        if let Some(b) = v {
+            self.data.extend_from_slice(b);
+        }
+        self.end(v.is_some())
+    }
+    fn truncate(&mut self, rows: usize) {
+        self.nulls -= self.valid[rows..].iter().filter(|&&v| v == 0).count();
+        self.valid.truncate(rows);
+        self.offsets.truncate(rows + 1);
+        self.data.truncate(self.offsets[rows] as usize);
+    }
+}
+
+#[derive(Default)]
+pub struct IntCol<T> {
+    pub valid: Vec<u8>,
+    pub values: Vec<T>,
+    pub nulls: usize,
+}
+
+impl<T: Default + Copy> IntCol<T> {
+    fn push(&mut self, v: Option<T>) {
+        self.values.push(v.unwrap_or_default());
+        self.valid.push(v.is_some() as u8);
+        self.nulls += v.is_none() as usize;
+    }
+    fn truncate(&mut self, rows: usize) {
+        self.nulls -= self.valid[rows..].iter().filter(|&&v| v == 0).count();
+        self.valid.truncate(rows);
+        self.values.truncate(rows);
+    }
+}
+
+pub const STRING_PROPERTIES: usize = 9;
+
+pub struct Columns {
+    pub rows: usize,
+    pub body: StrCol,
+    pub queue: StrCol,
+    pub exchange: StrCol,
+    pub routing_key: StrCol,
+    pub offset: Vec<i64>,
+    pub props: [StrCol; STRING_PROPERTIES], // message_id … expiration, arrow.py's order
+    pub priority: IntCol<i32>,
+    pub delivery_mode: IntCol<i32>,
+    pub timestamp: IntCol<i64>, // microseconds
+    pub headers_valid: Vec<u8>,
+    pub headers_nulls: usize,
+    pub headers_offsets: Vec<i32>,
+    pub keys: StrCol,
+    pub values: StrCol,
+}
+
+#[derive(Clone, Copy)]
+pub struct Conversion {
+    pub headerless_durable: bool,
+    pub address_reply_to: bool,
+}
+
+struct Props<'a> {
+    message_id: V<'a>,
+    user_id: V<'a>,
+    reply_to: V<'a>,
+    correlation_id: V<'a>,
+    content_type: V<'a>,
+    content_encoding: V<'a>,
+    creation_time: V<'a>,
+    group_id: V<'a>,
+}
+
+impl Default for Columns {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Columns {
+    pub fn new() -> Self {
+        Columns {
+            rows: 0,
+            body: StrCol::new(),
+            queue: StrCol::new(),
+            exchange: StrCol::new(),
+            routing_key: StrCol::new(),
+            offset: Vec::new(),
+            props: std::array::from_fn(|_| StrCol::new()),
+            priority: IntCol::default(),
+            delivery_mode: IntCol::default(),
+            timestamp: IntCol::default(),
+            headers_valid: Vec::new(),
+            headers_nulls: 0,
+            headers_offsets: vec![0],
+            keys: StrCol::new(),
+            values: StrCol::new(),
+        }
+    }
+
+    fn rollback(&mut self, rows: usize, entries: usize) {
+        self.rows = rows;
+        for c in [&mut self.body, &mut self.queue, &mut self.exchange, &mut self.routing_key] {
+            c.truncate(rows);
+        }
+        for c in self.props.iter_mut() {
+            c.truncate(rows);
+        }
+        self.offset.truncate(rows);
+        self.priority.truncate(rows);
+        self.delivery_mode.truncate(rows);
+        self.timestamp.truncate(rows);
+        self.headers_nulls -= self.headers_valid[rows..].iter().filter(|&&v| v == 0).count();
+        self.headers_valid.truncate(rows);
+        self.headers_offsets.truncate(rows + 1);
+        self.keys.truncate(entries);
+        self.values.truncate(entries);
+    }
+
+    /// The records `skip..stop` of a chunk as a consumer gets it (header, data entries). All or nothing.
+    pub fn add_chunk(&mut self, chunk: &[u8], skip: usize, stop: usize, stream: &str, conv: Conversion, filter: Option<&RowFilter>) -> R<usize> {
+        let (rows, entries) = (self.rows, self.keys.valid.len());
+        let r = self.chunk(chunk, skip, stop, stream, conv, filter);
+        if r.is_err() {
+            self.rollback(rows, entries);
+        }
+        r
+    }
+
+    fn chunk(&mut self, chunk: &[u8], skip: usize, stop: usize, stream: &str, conv: Conversion, filter: Option<&RowFilter>) -> R<usize> {
+        if chunk.len() < 48 || chunk[0] >> 4 != 5 {
+            return fb("not a chunk");
+        }
+        let entries = u16::from_be_bytes(chunk[2..4].try_into().unwrap()) as usize;
+        let records = u32::from_be_bytes(chunk[4..8].try_into().unwrap()) as usize;
+        let first = u64::from_be_bytes(chunk[24..32].try_into().unwrap());
+        let crc = u32::from_be_bytes(chunk[32..36].try_into().unwrap());
+        let size = u32::from_be_bytes(chunk[36..40].try_into().unwrap()) as usize;
+        let bloom = (u32::from_be_bytes(chunk[44..48].try_into().unwrap()) >> 24) as usize;
+        let mut start = 48;
+        if chunk.len() - 48 > size {
+            start += bloom;
+        }
+        if start + size > chunk.len() {
+            return fb("a chunk shorter than its header says");
+        }
+        let data = &chunk[start..start + size];
+        if crc32fast::hash(data) != crc {
+            return fb("CRC");
+        }
+        if entries != records {
+            return fb("sub-entries (compressed): left to Python, which decompresses them");
+        }
+        // Offsets past int64 (Python's pa.array raises there).
+        let Some(first) = first.checked_add(records as u64).filter(|&end| end <= i64::MAX as u64).map(|_| first as i64) else {
+            return fb("offsets past int64");
+        };
+        let mut pos = 0;
+        let mut added = 0;
+        let mut entries = Vec::new(); // one map's entries, reused from record to record
+        for i in 0..records {
+            if pos + 4 > data.len() {
+                return fb("an entry past the end");
+            }
+            let word = u32::from_be_bytes(data[pos..pos + 4].try_into().unwrap()) as usize;
+            if word & 0x8000_0000 != 0 || pos + 4 + word > data.len() {
+                return fb("a sub-entry, or an entry past the end");
+            }
+            let record = &data[pos + 4..pos + 4 + word];
+            pos += 4 + word;
+            if i >= skip && i < stop {
+                let (rows, kept_entries) = (self.rows, self.keys.valid.len());
+                self.record(record, first + i as i64, stream, conv, &mut entries)?;
+                // Every record in the range is decoded (its errors are the chunk's), and then filtered out or kept.
+                if filter.map_or(Ok(true), |f| f.keeps(&entries))? {
+                    added += 1;
+                } else {
+                    self.rollback(rows, kept_entries);
+                }
+            }
+        }
+        Ok(added)
+    }
+
+    pub fn record<'a>(
+        &mut self, rec: &'a [u8], offset: i64, stream: &str, conv: Conversion, entries: &mut Vec<(&'a [u8], V<'a>)>,
+    ) -> R<()> {
+        entries.clear();
+        self.offset.push(offset);
+        self.queue.push(Some(stream.as_bytes()))?;
+        let is_amqp10 = rec.len() >= 3 && rec[0] == 0 && rec[1] == 0x53 && (0x70..=0x78).contains(&rec[2]);
+        if !is_amqp10 {
+            self.body.push(Some(rec))?;
+            self.exchange.push(None)?;
+            self.routing_key.push(None)?;
+            for c in self.props.iter_mut() {
+                c.push(None)?;
+            }
+            self.priority.push(None);
+            self.delivery_mode.push(None);
+            self.timestamp.push(None);
+            self.headers_valid.push(0);
+            self.headers_nulls += 1;
+            self.headers_offsets.push(self.keys.valid.len() as i32);
+            self.rows += 1;
+            return Ok(());
+        }
+        self.sections(rec, stream, conv, entries)?;
+        self.rows += 1;
+        Ok(())
+    }
+
+    fn sections<'a>(&mut self, rec: &'a [u8], stream: &str, conv: Conversion, entries: &mut Vec<(&'a [u8], V<'a>)>) -> R<()> {
+        let mut r = Reader { d: rec, p: 0 };
+        let mut seen = 0u16;
+        let mut header: [V; 3] = [V::Null; 3];
+        let mut header_items = 0usize;
+        let mut props = Props {
+            message_id: V::Null,
+            user_id: V::Null,
+            reply_to: V::Null,
+            correlation_id: V::Null,
+            content_type: V::Null,
+            content_encoding: V::Null,
+            creation_time: V::Null,
+            group_id: V::Null,
+        };
+        let (mut exchange, mut routing_key, mut basic_type): (V, Option<V>, V) = (V::Null, None, V::Null);
+        let mut body_kind = 0u8; // 0 none, 0x75 data, 0x77 value
+        while r.p < rec.len() {
+            if r.take(2)? != [0x00, 0x53] {
+                return fb("a section descriptor other than a smallulong");
+            }
+            let code = r.u8()?;
+            if !(0x70..=0x78).contains(&code) {
+                return fb("an unknown section");
+            }
+            let bit = 1u16 << (code - 0x70);
+            if seen & bit != 0 && code != 0x75 {
+                return fb("a section twice");
+            }
+            if body_kind != 0 && code != 0x78 && !(code == 0x75 && body_kind == 0x75) {
+                return fb("a section after the body");
+            }
+            seen |= bit;
+            let v = r.value(false)?;
+            match (code, v) {
+                (0x70, V::List(n, end)) => {
+                    for i in 0..n {
+                        let x = r.value(false)?;
+                        if i < 3 {
+                            header[i] = x;
+                        }
+                        r.skip(x)?;
+                    }
+                    r.close(end)?;
+                    header_items = n;
+                }
+                (0x71 | 0x78, V::Map(..)) => r.skip(v)?,
+                (0x72, V::Map(n, end)) => {
+                    for _ in 0..n {
+                        let k = match r.value(false)? {
+                            V::Sym(k) if k.is_ascii() => k,
+                            V::Str(k) => k.as_bytes(),
+                            _ => return fb("an annotation key that is not a symbol or string"),
+                        };
+                        let x = r.value(false)?;
+                        r.skip(x)?;
+                        match k {
+                            b"x-exchange" => exchange = x,
+                            b"x-routing-key" => routing_key = Some(x),
+                            _ if k.starts_with(b"x-basic-") => {
+                                if k == b"x-basic-type" {
+                                    basic_type = x
+                                }
+                            }
+                            _ => put(entries, k, x),
+                        }
+                    }
+                    r.close(end)?;
+                }
+                (0x73, V::List(n, end)) => {
+                    for i in 0..n {
+                        let x = r.value(false)?;
+                        r.skip(x)?;
+                        match i {
+                            0 => props.message_id = x,
+                            1 => props.user_id = x,
+                            4 => props.reply_to = x,
+                            5 => props.correlation_id = x,
+                            6 => props.content_type = x,
+                            7 => props.content_encoding = x,
+                            9 => props.creation_time = x,
+                            10 => props.group_id = x,
+                            _ => {}
+                        }
+                    }
+                    r.close(end)?;
+                }
+                (0x74, V::Map(n, end)) => {
+                    for _ in 0..n {
+                        let k = match r.value(false)? {
+                            V::Str(k) => k.as_bytes(),
+                            V::Sym(k) if k.is_ascii() => k,
+                            _ => return fb("an application property key that is not a string"),
+                        };
+                        let x = r.value(true)?;
+                        r.skip(x)?;
+                        put(entries, k, x);
+                    }
+                    r.close(end)?;
+                }
+                (0x75, V::Bin(b)) => {
+                    self.body.data.extend_from_slice(b);
+                    body_kind = 0x75;
+                }
+                (0x77, V::Bin(b)) => {
+                    self.body.data.extend_from_slice(b);
+                    body_kind = 0x77;
+                }
+                (0x77, V::Str(s)) => {
+                    self.body.data.extend_from_slice(s.as_bytes());
+                    body_kind = 0x77;
+                }
+                (0x77, V::Null) => body_kind = 0x77,
+                (0x70 | 0x71 | 0x72 | 0x73 | 0x74 | 0x78, V::Null) => {}
+                _ => return fb("a section of a kind or value left to Python"),
+            }
+        }
+        self.body.end(true)?;
+
+        // exchange and routing key: str(ann.get("x-exchange") or ""), str(ann.get("x-routing-key", stream))
+        match exchange {
+            V::Null => self.exchange.push(Some(b""))?,
+            V::Str(s) => self.exchange.push(Some(s.as_bytes()))?,
+            V::Sym(s) if s.is_ascii() => self.exchange.push(Some(s))?,
+            _ => return fb("an x-exchange that is not text"),
+        }
+        match routing_key {
+            None => self.routing_key.push(Some(stream.as_bytes()))?,
+            Some(V::Null) => self.routing_key.push(Some(b"None"))?,
+            Some(V::Str(s)) => self.routing_key.push(Some(s.as_bytes()))?,
+            Some(V::Sym(s)) if s.is_ascii() => self.routing_key.push(Some(s))?,
+            _ => return fb("an x-routing-key that is not text"),
+        }
+
+        // header: durable, priority, ttl
+        let durable = if header_items > 0 {
+            header[0]
+        } else if conv.headerless_durable {
+            V::Bool(true)
+        } else {
+            V::Null
+        };
+        let mode = match durable {
+            V::Null => None,
+            V::Bool(b) => Some(if b { 2 } else { 1 }),
+            _ => return fb("a durable that is not a boolean"),
+        };
+        let priority = match header[1] {
+            V::Null => None,
+            V::U(x) if x <= i32::MAX as u64 => Some(x as i32),
+            V::I(x) if x >= i32::MIN as i64 && x <= i32::MAX as i64 => Some(x as i32),
+            _ => return fb("a priority left to Python"),
+        };
+        let expiration = match header[2] {
+            V::Null | V::U(_) | V::I(_) | V::Str(_) => header[2],
+            _ => return fb("a ttl left to Python"),
+        };
+        let reply_to = match props.reply_to {
+            V::Str(s) if conv.address_reply_to && s.starts_with("/queues/") => {
+                if s.contains('%') {
+                    return fb("a reply_to address to unquote");
+                }
+                V::Str(&s[8..])
+            }
+            V::Sym(s) if conv.address_reply_to && s.starts_with(b"/queues/") => {
+                if !s.is_ascii() || s.contains(&b'%') {
+                    return fb("a reply_to address to unquote");
+                }
+                V::Sym(&s[8..])
+            }
+            x => x,
+        };
+        // STRING_PROPERTIES' order: message_id, correlation_id, content_type, content_encoding, type, app_id,
+        // user_id, reply_to, expiration
+        let texts = [
+            props.message_id,
+            props.correlation_id,
+            props.content_type,
+            props.content_encoding,
+            basic_type,
+            props.group_id,
+            props.user_id,
+            reply_to,
+            expiration,
+        ];
+        for (col, v) in self.props.iter_mut().zip(texts) {
+            let ok = text(v, &mut col.data)?;
+            col.end(ok)?;
+        }
+        self.priority.push(priority);
+        self.delivery_mode.push(mode);
+        let ts = match props.creation_time {
+            V::Null => None,
+            V::Ts(ms) | V::I(ms) => Some(ms.div_euclid(1000).checked_mul(1_000_000).ok_or(Fallback("a timestamp out of range"))?),
+            V::U(ms) if ms <= i64::MAX as u64 => {
+                Some((ms as i64 / 1000).checked_mul(1_000_000).ok_or(Fallback("a timestamp out of range"))?)
+            }
+            _ => return fb("a creation_time left to Python"),
+        };
+        self.timestamp.push(ts);
+
+        // headers: annotations (not routing, not x-basic-*), then application properties; x-stream-offset cut out
+        entries.retain(|(k, _)| *k != b"x-stream-offset");
+        if entries.is_empty() {
+            self.headers_valid.push(0);
+            self.headers_nulls += 1;
+        } else {
+            self.headers_valid.push(1);
+            for (k, v) in entries.iter() {
+                self.keys.push(Some(k))?;
+                let ok = render_header(*v, &mut self.values.data)?;
+                self.values.end(ok)?;
+            }
+        }
+        self.headers_offsets.push(self.keys.valid.len() as i32);
+        Ok(())
+    }
+
+    /// After a panic inside `add_chunk` (a bug: it never happens in the tests), back to `rows` rows and `entries`
+    /// header entries, whatever state the panic left: each column cut to its length and its null count counted anew.
+    pub fn recover(&mut self, rows: usize, entries: usize) {
+        fn cut(c: &mut StrCol, n: usize) {
+            let n = n.min(c.valid.len()).min(c.offsets.len().saturating_sub(1));
+            c.valid.truncate(n);
+            c.offsets.truncate(n + 1);
+            c.data.truncate(c.offsets.last().map_or(0, |&o| o as usize));
+            c.nulls = c.valid.iter().filter(|&&v| v == 0).count();
+        }
+        fn cut_int<T>(c: &mut IntCol<T>, n: usize) {
+            c.valid.truncate(n);
+            c.values.truncate(n);
+            c.nulls = c.valid.iter().filter(|&&v| v == 0).count();
+        }
+        let mut rows = rows.min(self.offset.len()).min(self.headers_valid.len()).min(self.headers_offsets.len().saturating_sub(1));
+        for c in [&mut self.body, &mut self.queue, &mut self.exchange, &mut self.routing_key] {
+            rows = rows.min(c.valid.len());
+        }
+        for c in [&mut self.body, &mut self.queue, &mut self.exchange, &mut self.routing_key] {
+            cut(c, rows);
+        }
+        for c in self.props.iter_mut() {
+            cut(c, rows);
+        }
+        self.offset.truncate(rows);
+        cut_int(&mut self.priority, rows);
+        cut_int(&mut self.delivery_mode, rows);
+        cut_int(&mut self.timestamp, rows);
+        self.headers_valid.truncate(rows);
+        self.headers_nulls = self.headers_valid.iter().filter(|&&v| v == 0).count();
+        self.headers_offsets.truncate(rows + 1);
+        let entries = entries.min(self.headers_offsets.last().map_or(0, |&o| o as usize));
+        cut(&mut self.keys, entries);
+        cut(&mut self.values, entries);
+        self.rows = rows;
+    }
+
+    pub fn clear(&mut self) {
+        self.rollback(0, 0);
+    }
+}
+
+/// The header a publisher marks a message with for stream filtering (spark_amqp.rabbitmq.FILTER_VALUE_HEADER).
+pub const FILTER_VALUE: &[u8] = b"x-stream-filter-value";
+
+/// streams.filtering.RowFilter.keeps of rows.StreamProperties.text_header: the filter value as text (a string or a
+/// symbol as it is, binary as UTF-8 with replacement), kept when it is one of `values`; a message without one (or
+/// with one of another type) as `match_unfiltered` says.
+pub struct RowFilter {
+    pub values: Vec<Vec<u8>>,
+    pub match_unfiltered: bool,
+}
+
+impl RowFilter {
+    fn keeps(&self, entries: &[(&[u8], V)]) -> R<bool> {
+        let value = entries.iter().find(|(k, _)| *k == FILTER_VALUE).map(|e| e.1);
+        let text: std::borrow::Cow<[u8]> = match value {
+            Some(V::Str(s)) => s.as_bytes().into(),
+            Some(V::Sym(s)) if s.is_ascii() => s.into(),
+            Some(V::Sym(_)) => return fb("a filter value that is a symbol not ASCII"),
+            Some(V::Bin(b) | V::Opaque(b)) => match String::from_utf8_lossy(b) {
+                std::borrow::Cow::Borrowed(t) => t.as_bytes().into(),
+                std::borrow::Cow::Owned(t) => t.into_bytes().into(),
+            },
+            _ => return Ok(self.match_unfiltered),
+        };
+        Ok(self.values.iter().any(|v| v[..] == text[..]))
+    }
+}
+
+/// dict semantics: a key seen before keeps its place and takes the new value.
+fn put<'a>(entries: &mut Vec<(&'a [u8], V<'a>)>, k: &'a [u8], v: V<'a>) {
+    for e in entries.iter_mut() {
+        if e.0 == k {
+            e.1 = v;
+            return;
+        }
+    }
+    entries.push((k, v));
+}
+
+/// rows.py's `_text`: None; str as it is; bytes as UTF-8 with replacement; anything else str().
+fn text(v: V, out: &mut Vec<u8>) -> R<bool> {
+    match v {
+        V::Null => return Ok(false),
+        V::Str(s) => out.extend_from_slice(s.as_bytes()),
+        V::Sym(s) if s.is_ascii() => out.extend_from_slice(s),
+        V::Bin(b) => out.extend_from_slice(String::from_utf8_lossy(b).as_bytes()),
+        V::Bool(b) => out.extend_from_slice(if b { b"True" } else { b"False" }),
+        V::U(x) => write!(out, "{x}").unwrap(),
+        V::I(x) | V::Ts(x) => write!(out, "{x}").unwrap(),
+        V::F32(x) => py_float_repr(x as f64, out),
+        V::F64(x) => py_float_repr(x, out),
+        V::Uuid(u) => uuid(u, out),
+        _ => return fb("a property value left to Python"),
+    }
+    Ok(true)
+}
+
+/// arrow.py's `render_header` of rows.py's `_header_value`.
+fn render_header(v: V, out: &mut Vec<u8>) -> R<bool> {
+    match v {
+        V::Null => return Ok(false),
+        V::Bool(b) => out.extend_from_slice(if b { b"true" } else { b"false" }),
+        V::Ts(ms) => iso_utc(ms.div_euclid(1000), out)?,
+        V::Bin(b) | V::Opaque(b) => match std::str::from_utf8(b) {
+            Ok(s) => out.extend_from_slice(s.as_bytes()),
+            Err(_) => {
+                out.extend_from_slice(b"base64:");
+                base64(b, out);
+            }
+        },
+        V::List(..) | V::Map(..) | V::Compound => return fb("a nested value (JSON)"),
+        _ => return text(v, out),
+    }
+    Ok(true)
+}
+
+/// Python's repr() of a float.
+pub fn py_float_repr(x: f64, out: &mut Vec<u8>) {
+    if x.is_nan() {
+        return out.extend_from_slice(b"nan");
+    }
+    if x.is_infinite() {
+        return out.extend_from_slice(if x > 0.0 { b"inf" } else { b"-inf" });
+    }
+    if x == 0.0 {
+        return out.extend_from_slice(if x.is_sign_negative() { b"-0.0" } else { b"0.0" });
+    }
+    let s = format!("{:e}", x); // the shortest digits that round-trip, as Python's repr has them
+    let (mant, exp) = s.split_once('e').unwrap();
+    let exp: i32 = exp.parse().unwrap();
+    let (neg, mant) = match mant.strip_prefix('-') {
+        Some(m) => (true, m),
+        None => (false, mant),
+    };
+    let digits: Vec<u8> = mant.bytes().filter(|&c| c != b'.').collect();
+    let decpt = exp + 1;
+    if neg {
+        out.push(b'-');
+    }
+    if decpt <= -4 || decpt > 16 {
+        out.push(digits[0]);
+        if digits.len() > 1 {
+            out.push(b'.');
+            out.extend_from_slice(&digits[1..]);
+        }
+        write!(out, "e{}{:02}", if exp < 0 { '-' } else { '+' }, exp.abs()).unwrap();
+    } else if decpt <= 0 {
+        out.extend_from_slice(b"0.");
+        out.extend(std::iter::repeat_n(b'0', (-decpt) as usize));
+        out.extend_from_slice(&digits);
+    } else if decpt as usize >= digits.len() {
+        out.extend_from_slice(&digits);
+        out.extend(std::iter::repeat_n(b'0', decpt as usize - digits.len()));
+        out.extend_from_slice(b".0");
+    } else {
+        out.extend_from_slice(&digits[..decpt as usize]);
+        out.push(b'.');
+        out.extend_from_slice(&digits[decpt as usize..]);
+    }
+}
+
+/// datetime.fromtimestamp(seconds, UTC).isoformat() (years 1 to 9999, as Python's datetime).
+fn iso_utc(secs: i64, out: &mut Vec<u8>) -> R<()> {
+    if !(-62_135_596_800..=253_402_300_799).contains(&secs) {
+        return fb("a timestamp datetime cannot hold");
+    }
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // days to civil (H. Hinnant's algorithm)
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + (m <= 2) as i64;
+    write!(out, "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}+00:00", y, m, d, rem / 3600, rem % 3600 / 60, rem % 60).unwrap();
+    Ok(())
+}
+
+fn uuid(u: &[u8], out: &mut Vec<u8>) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for (i, b) in u.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            out.push(b'-');
+        }
+        out.push(HEX[(b >> 4) as usize]);
+        out.push(HEX[(b & 15) as usize]);
+    }
+}
+
+fn base64(b: &[u8], out: &mut Vec<u8>) {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    for c in b.chunks(3) {
+        let n = (c[0] as u32) << 16 | (*c.get(1).unwrap_or(&0) as u32) << 8 | *c.get(2).unwrap_or(&0) as u32;
+        out.push(A[(n >> 18) as usize & 63]);
+        out.push(A[(n >> 12) as usize & 63]);
+        out.push(if c.len() > 1 { A[(n >> 6) as usize & 63] } else { b'=' });
+        out.push(if c.len() > 2 { A[n as usize & 63] } else { b'=' });
+    }
+}
+
+/// One validity byte a row to an Arrow bitmap (None when no row is null).
+pub fn bitmap(valid: &[u8], nulls: usize) -> Option<Vec<u8>> {
+    if nulls == 0 {
+        return None;
+    }
+    let mut out = vec![0u8; valid.len().div_ceil(8)];
+    for (i, &v) in valid.iter().enumerate() {
+        out[i >> 3] |= v << (i & 7);
+    }
+    Some(out)
+}

@@ -1,0 +1,149 @@
+//! The Python face of the decoder: `Builder` takes chunks, `finish` hands the columns over as plain buffers for
+//! `pa.Array.from_buffers`. No arrow-rs: the buffers are Arrow's own layout (validity bitmaps, i32 offsets, values).
+use crate::decode::{bitmap, Columns, Conversion, IntCol, RowFilter, StrCol};
+use pyo3::buffer::PyBuffer;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyTuple};
+
+/// The contract with spark_amqp/stream_protocol/core.py: what `add` takes and what `finish` returns. Raised whenever
+/// either changes, so that a connector never runs a core it was not written for (it falls back to Python then).
+const ABI: u32 = 1;
+
+#[pyclass(module = "spark_amqp_core._core")]
+struct Builder {
+    cols: Columns,
+    stream: String,
+    conv: Conversion,
+    filter: Option<RowFilter>,
+    /// Why the last chunk left to Python was left to it (tests and debug logs).
+    #[pyo3(get)]
+    fallback: Option<&'static str>,
+}
+
+fn le_bytes<'py, T: Copy, const N: usize>(py: Python<'py>, v: &[T], f: fn(T) -> [u8; N]) -> PyResult<Bound<'py, PyBytes>> {
+    PyBytes::new_with(py, v.len() * N, |b| {
+        for (chunk, x) in b.chunks_exact_mut(N).zip(v) {
+            chunk.copy_from_slice(&f(*x));
+        }
+        Ok(())
+    })
+}
+
+fn opt_bytes<'py>(py: Python<'py>, v: Option<Vec<u8>>) -> Bound<'py, PyAny> {
+    match v {
+        Some(b) => PyBytes::new(py, &b).into_any(),
+        None => py.None().into_bound(py),
+    }
+}
+
+/// (validity or None, null count, offsets, data)
+fn str_col<'py>(py: Python<'py>, c: &StrCol) -> PyResult<Bound<'py, PyTuple>> {
+    PyTuple::new(
+        py,
+        [
+            opt_bytes(py, bitmap(&c.valid, c.nulls)),
+            c.nulls.into_pyobject(py)?.into_any(),
+            le_bytes(py, &c.offsets, i32::to_le_bytes)?.into_any(),
+            PyBytes::new(py, &c.data).into_any(),
+        ],
+    )
+}
+
+/// (validity or None, null count, values)
+fn int_col<'py, T: Copy, const N: usize>(py: Python<'py>, c: &IntCol<T>, f: fn(T) -> [u8; N]) -> PyResult<Bound<'py, PyTuple>> {
+    PyTuple::new(
+        py,
+        [
+            opt_bytes(py, bitmap(&c.valid, c.nulls)),
+            c.nulls.into_pyobject(py)?.into_any(),
+            le_bytes(py, &c.values, f)?.into_any(),
+        ],
+    )
+}
+
+#[pymethods]
+impl Builder {
+    /// `stream`: the queue column's value and the routing key's default; the conversion of RabbitMQ 4.x (3.x's is
+    /// Python's alone); `filter_values`: the row filter's values (None: no filter), `match_unfiltered` its flag.
+    #[new]
+    #[pyo3(signature = (stream, headerless_durable=false, address_reply_to=true, filter_values=None, match_unfiltered=false))]
+    fn new(stream: String, headerless_durable: bool, address_reply_to: bool, filter_values: Option<Vec<String>>, match_unfiltered: bool) -> Self {
+        let filter = filter_values.map(|v| RowFilter { values: v.into_iter().map(String::into_bytes).collect(), match_unfiltered });
+        Builder { cols: Columns::new(), stream, conv: Conversion { headerless_durable, address_reply_to }, filter, fallback: None }
+    }
+
+    /// The chunk's records `skip..stop` (those the filter keeps) as rows: how many were added; None, with nothing
+    /// added, when the chunk is left to the Python path. The chunk is copied first (a few microseconds for a chunk of
+    /// hundreds of messages), so that no unsafe code reads a Python buffer.
+    fn add(&mut self, py: Python<'_>, chunk: PyBuffer<u8>, skip: usize, stop: usize) -> PyResult<Option<usize>> {
+        let data = chunk.to_vec(py)?;
+        let (rows, entries) = (self.cols.rows, self.cols.keys.valid.len());
+        let (cols, stream, conv, filter) = (&mut self.cols, &self.stream, self.conv, self.filter.as_ref());
+        // A panic (a bug, never a read past a buffer: the code is safe) leaves the chunk to Python too, rather than
+        // fail the task with pyo3's PanicException, which Python code cannot catch as an Exception.
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cols.add_chunk(&data, skip, stop, stream, conv, filter)));
+        match outcome {
+            Ok(Ok(n)) => Ok(Some(n)),
+            Ok(Err(why)) => {
+                self.fallback = Some(why.0);
+                Ok(None)
+            }
+            Err(_) => {
+                self.cols.recover(rows, entries);
+                self.fallback = Some("a panic in the core (a bug): the chunk was left to Python");
+                Ok(None)
+            }
+        }
+    }
+
+    /// Rows added since the last `finish`.
+    #[getter]
+    fn rows(&self) -> usize {
+        self.cols.rows
+    }
+
+    /// The columns as buffers, in STREAM_ARROW_SCHEMA's order (raw_header, always null here, left out), and the
+    /// builder emptied: (rows, body, queue, exchange, routing_key, offsets, the 9 string properties, priority,
+    /// delivery_mode, timestamp, (headers validity, null count, offsets, keys, values)).
+    fn finish<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        let c = &self.cols;
+        let mut items: Vec<Bound<'py, PyAny>> = vec![
+            c.rows.into_pyobject(py)?.into_any(),
+            str_col(py, &c.body)?.into_any(),
+            str_col(py, &c.queue)?.into_any(),
+            str_col(py, &c.exchange)?.into_any(),
+            str_col(py, &c.routing_key)?.into_any(),
+            le_bytes(py, &c.offset, i64::to_le_bytes)?.into_any(),
+        ];
+        for p in c.props.iter() {
+            items.push(str_col(py, p)?.into_any());
+        }
+        items.push(int_col(py, &c.priority, i32::to_le_bytes)?.into_any());
+        items.push(int_col(py, &c.delivery_mode, i32::to_le_bytes)?.into_any());
+        items.push(int_col(py, &c.timestamp, i64::to_le_bytes)?.into_any());
+        items.push(
+            PyTuple::new(
+                py,
+                [
+                    opt_bytes(py, bitmap(&c.headers_valid, c.headers_nulls)),
+                    c.headers_nulls.into_pyobject(py)?.into_any(),
+                    le_bytes(py, &c.headers_offsets, i32::to_le_bytes)?.into_any(),
+                    str_col(py, &c.keys)?.into_any(),
+                    str_col(py, &c.values)?.into_any(),
+                ],
+            )?
+            .into_any(),
+        );
+        let out = PyTuple::new(py, items)?;
+        self.cols.clear();
+        Ok(out)
+    }
+}
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Builder>()?;
+    m.add("ABI", ABI)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,132 @@
+//! The decoder's own checks (`cargo test --no-default-features`, run by make test). That its columns equal the
+//! Python path's is tests/stream_protocol/test_core_differential.py's job (hypothesis); these pin the pieces written
+//! by hand and the all-or-nothing contract.
+use crate::decode::{py_float_repr, Columns, Conversion, RowFilter};
+
+const CONV: Conversion = Conversion { headerless_durable: false, address_reply_to: true };
+
+/// A user chunk of simple entries, as chunks.build makes it.
+fn chunk(first: u64, records: &[&[u8]]) -> Vec<u8> {
+    let mut data = Vec::new();
+    for r in records {
+        data.extend_from_slice(&(r.len() as u32).to_be_bytes());
+        data.extend_from_slice(r);
+    }
+    let mut out = vec![0x50, 0];
+    out.extend_from_slice(&(records.len() as u16).to_be_bytes());
+    out.extend_from_slice(&(records.len() as u32).to_be_bytes());
+    out.extend_from_slice(&0i64.to_be_bytes());
+    out.extend_from_slice(&1u64.to_be_bytes());
+    out.extend_from_slice(&first.to_be_bytes());
+    out.extend_from_slice(&crc32fast::hash(&data).to_be_bytes());
+    out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    out.extend_from_slice(&[0; 8]);
+    out.extend_from_slice(&data);
+    out
+}
+
+/// A message of one data section, with application properties `k` → `v` (strings).
+fn message(body: &[u8], props: &[(&str, &str)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    if !props.is_empty() {
+        let mut items = Vec::new();
+        for (k, v) in props {
+            for s in [k, v] {
+                items.push(0xA1);
+                items.push(s.len() as u8);
+                items.extend_from_slice(s.as_bytes());
+            }
+        }
+        out.extend_from_slice(&[0x00, 0x53, 0x74, 0xC1, (items.len() + 1) as u8, (2 * props.len()) as u8]);
+        out.extend_from_slice(&items);
+    }
+    out.extend_from_slice(&[0x00, 0x53, 0x75, 0xA0, body.len() as u8]);
+    out.extend_from_slice(body);
+    out
+}
+
+fn repr(x: f64) -> String {
+    let mut out = Vec::new();
+    py_float_repr(x, &mut out);
+    String::from_utf8(out).unwrap()
+}
+
+#[test]
+fn floats_print_as_python_repr_does() {
+    for (x, want) in [
+        (1.0, "1.0"),
+        (0.1, "0.1"),
+        (1e-05, "1e-05"),
+        (0.0001, "0.0001"),
+        (1e16, "1e+16"),
+        (1234567890123456.0, "1234567890123456.0"),
+        (-2.5, "-2.5"),
+        (-0.0, "-0.0"),
+        (f64::INFINITY, "inf"),
+        (f64::NAN, "nan"),
+        (5e-324, "5e-324"),
+        (1.7976931348623157e308, "1.7976931348623157e+308"),
+    ] {
+        assert_eq!(repr(x), want, "{x:e}");
+    }
+}
+
+#[test]
+fn a_chunk_becomes_rows_with_offsets() {
+    let (a, b) = (message(b"one", &[]), message(b"two", &[("k", "v")]));
+    let mut c = Columns::new();
+    assert_eq!(c.add_chunk(&chunk(40, &[&a, &b]), 0, usize::MAX, "s", CONV, None).unwrap(), 2);
+    assert_eq!(c.offset, vec![40, 41]);
+    assert_eq!(c.body.data, b"onetwo");
+    assert_eq!(c.body.offsets, vec![0, 3, 6]);
+    assert_eq!((c.headers_nulls, &c.headers_offsets[..]), (1, &[0, 0, 1][..]));
+}
+
+#[test]
+fn skip_and_stop_keep_the_range_only() {
+    let msgs: Vec<Vec<u8>> = (0..5).map(|i| message(format!("m{i}").as_bytes(), &[])).collect();
+    let refs: Vec<&[u8]> = msgs.iter().map(|m| &m[..]).collect();
+    let mut c = Columns::new();
+    assert_eq!(c.add_chunk(&chunk(10, &refs), 1, 3, "s", CONV, None).unwrap(), 2);
+    assert_eq!(c.offset, vec![11, 12]);
+}
+
+#[test]
+fn a_chunk_left_to_python_adds_nothing() {
+    let good = message(b"x", &[]);
+    let mut damaged = chunk(0, &[&good, &good]);
+    let last = damaged.len() - 1;
+    damaged[last] ^= 1; // the CRC no longer matches
+    let mut c = Columns::new();
+    assert_eq!(c.add_chunk(&chunk(0, &[&good]), 0, 9, "s", CONV, None).unwrap(), 1);
+    assert!(c.add_chunk(&damaged, 0, 9, "s", CONV, None).is_err());
+    // an array (0xe0) as an amqp-value body: valid, but left to Python
+    assert!(c.add_chunk(&chunk(1, &[&good, b"\x00\x53\x77\xe0\x01\x00"]), 0, 9, "s", CONV, None).is_err());
+    assert_eq!((c.rows, c.offset.len(), &c.body.data[..]), (1, 1, &b"x"[..]));
+    // offsets past int64
+    assert!(c.add_chunk(&chunk(i64::MAX as u64, &[&good]), 0, 9, "s", CONV, None).is_err());
+}
+
+#[test]
+fn truncated_input_is_refused_not_read_past() {
+    let full = chunk(0, &[&message(b"body", &[("tenant", "eu")])]);
+    for n in 0..full.len() {
+        let mut c = Columns::new();
+        assert!(c.add_chunk(&full[..n], 0, 9, "s", CONV, None).is_err(), "{n} bytes");
+        assert_eq!(c.rows, 0);
+    }
+}
+
+#[test]
+fn the_filter_keeps_the_values_asked_for() {
+    let eu = message(b"eu", &[("x-stream-filter-value", "eu")]);
+    let us = message(b"us", &[("x-stream-filter-value", "us")]);
+    let none = message(b"none", &[]);
+    let msgs = chunk(0, &[&eu, &us, &none]);
+    for (unfiltered, rows, want) in [(false, 1, &b"eu"[..]), (true, 2, &b"eunone"[..])] {
+        let filter = RowFilter { values: vec![b"eu".to_vec()], match_unfiltered: unfiltered };
+        let mut c = Columns::new();
+        let added = c.add_chunk(&msgs, 0, 9, "s", CONV, Some(&filter)).unwrap();
+        assert_eq!((added, c.rows, c.offset.len(), &c.body.data[..]), (rows, rows, rows, want));
+    }
+}

@@ -1,0 +1,134 @@
+"""``HeldRows``: what a range reader holds for its caller, in offset order, until ``next_rows`` takes it.
+
+Two kinds of rows arrive: row tuples from the pure-Python path (``RowMaker``: every AMQP reader, and a chunk the
+compiled core leaves to Python), and whole chunks the compiled core turns into Arrow columns. The core's rows stay in
+its builder across chunks and become one Arrow batch when they are taken, or when a Python row comes after them: a
+batch handed to pyarrow costs tens of microseconds, a chunk may hold only a few dozen messages. What is taken is a list
+of record batches in offset order, which concatenated equal the one batch the Python path alone would make.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pyarrow as pa
+
+from ..reading import arrow
+from ..stream_protocol import core
+
+__all__ = ["HeldRows", "log_rows_path", "rows_path"]
+
+Row = tuple[bytes, str, str, str, int, Any]
+
+_TIMESTAMP = pa.timestamp("us", tz="UTC")
+_STRING_PROPERTIES = 9  # message_id ... expiration (property_columns.STRING_PROPERTIES)
+
+
+class HeldRows:
+    """Row tuples and the core's builder's rows, in order; ``len`` counts both."""
+
+    __slots__ = ("_builder", "_count", "_parts")
+
+    def __init__(self) -> None:
+        self._parts: list[list[Row] | pa.RecordBatch] = []  # before the builder's rows
+        self._count = 0  # rows in _parts
+        self._builder: Any = None
+
+    def __len__(self) -> int:
+        return self._count + (self._builder.rows if self._builder is not None else 0)
+
+    def use(self, builder: Any) -> None:
+        """Make the core's rows with ``builder`` from now on (None: Python makes every row), after those held."""
+        self._seal()
+        self._builder = builder
+
+    def add_chunk(self, chunk: memoryview, skip: int, stop: int) -> bool:
+        """Whether the core took the chunk (its records ``skip`` to ``stop - 1`` the filter keeps, now held). It
+        checks the whole chunk either way; not taken, nothing was added and the chunk is Python's."""
+        return self._builder is not None and self._builder.add(chunk, skip, stop) is not None
+
+    def append(self, row: Row) -> None:
+        self.extend([row])
+
+    def extend(self, rows: list[Row]) -> None:
+        if not rows:
+            return
+        self._seal()
+        last = self._parts[-1] if self._parts else None
+        if isinstance(last, list):
+            last.extend(rows)
+        else:
+            self._parts.append(list(rows))
+        self._count += len(rows)
+
+    def take(self) -> list[pa.RecordBatch]:
+        """Every row held, as record batches in offset order, and nothing held after."""
+        self._seal()
+        parts, self._parts, self._count = self._parts, [], 0
+        return [arrow.to_stream_batch(p) if isinstance(p, list) else p for p in parts]
+
+    def _seal(self) -> None:
+        """The builder's rows into a batch of their own, so that whatever comes next comes after them."""
+        if self._builder is not None and self._builder.rows:
+            batch = to_batch(self._builder.finish())
+            self._parts.append(batch)
+            self._count += batch.num_rows
+
+
+def to_batch(parts: tuple[Any, ...]) -> pa.RecordBatch:
+    """``Builder.finish``'s buffers (core/src/python.rs) as a STREAM_ARROW_SCHEMA batch: the buffers become the
+    arrays' own (``pa.Array.from_buffers``), nothing is converted value by value."""
+    n, body, queue, exchange, key, offsets, *rest = parts
+    props, (priority, mode, timestamp, headers) = rest[:_STRING_PROPERTIES], rest[_STRING_PROPERTIES:]
+    valid, nulls, map_offsets, keys, values = headers
+    entries = len(keys[2]) // 4 - 1  # i32 offsets, one more than the entries
+    pairs = pa.StructArray.from_arrays(
+        [_variable(pa.string(), entries, keys), _variable(pa.string(), entries, values)],
+        fields=[arrow.HEADERS_TYPE.key_field, arrow.HEADERS_TYPE.item_field],
+    )
+    columns = [
+        _variable(pa.binary(), n, body),
+        _variable(pa.string(), n, queue),
+        _variable(pa.string(), n, exchange),
+        _variable(pa.string(), n, key),
+        pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(offsets)], 0),
+        *[_variable(pa.string(), n, p) for p in props],
+        _fixed(pa.int32(), n, priority),
+        _fixed(pa.int32(), n, mode),
+        _fixed(_TIMESTAMP, n, timestamp),
+        pa.Array.from_buffers(arrow.HEADERS_TYPE, n, [_buffer(valid), pa.py_buffer(map_offsets)], nulls, children=[pairs]),
+        pa.nulls(n, pa.binary()),  # raw_header: an AMQP 0-9-1 reader's only
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=arrow.STREAM_ARROW_SCHEMA)
+
+
+def _buffer(data: bytes | None) -> pa.Buffer | None:
+    return None if data is None else pa.py_buffer(data)
+
+
+def _variable(kind: pa.DataType, n: int, column: tuple[Any, ...]) -> pa.Array:
+    valid, nulls, offsets, data = column
+    return pa.Array.from_buffers(kind, n, [_buffer(valid), pa.py_buffer(offsets), pa.py_buffer(data)], nulls)
+
+
+def _fixed(kind: pa.DataType, n: int, column: tuple[Any, ...]) -> pa.Array:
+    valid, nulls, values = column
+    return pa.Array.from_buffers(kind, n, [_buffer(valid), pa.py_buffer(values)], nulls)
+
+
+def rows_path(stream_protocol: bool = True) -> str:
+    """Which path makes a stream source's rows, in words (``spark_amqp.rows_path``, the source runner's log)."""
+    if not stream_protocol:
+        return "rows: pure Python (the compiled core reads the stream protocol's chunks; AMQP 0-9-1 and 1.0 reads are Python's)"
+    return f"rows: {core.PATH}"
+
+
+def log_rows_path(log: logging.Logger, stream_protocol: bool) -> None:
+    """One line at the start of a source runner: which path makes the rows (a warning where the compiled core should
+    run and does not). The executors' Python decides for their tasks; on one machine it is the same."""
+    said = rows_path(stream_protocol)
+    if stream_protocol and core.MISSING:
+        log.warning("AMQP source: %s; the stream protocol's reads cost about 15x more CPU without it", said)
+    else:
+        log.info("AMQP source: %s", said)
