@@ -3,6 +3,7 @@
 # fetch the Delta Lake jars into .cache/jars with Maven (mvn), see conf/delta/pom.xml;
 # `bench` also fetches RabbitMQ's PerfTest into .cache/perftest (conf/perftest/pom.xml).
 # `rabbitmq` installs and starts the real RabbitMQ nodes the tests also run against (tools/rabbitmq).
+# The compiled core (core/) is built with cargo (rustup's) and maturin and ziglang (from PyPI, pinned).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -17,6 +18,10 @@ PYTHON_4.0 ?= $(or $(wildcard $(shell pyenv prefix 3.12 2>/dev/null)/bin/python3
 # The 4.0 line also pins the lowest versions the package declares (conf/constraints-pyspark4.0.txt): there the
 # tests without Spark run too.
 LOWEST_LINE := 4.0
+# The Spark tests of this line run on the compiled core's pure-Python twin (SPARK_AMQP_PURE_PYTHON=1), every other
+# lane with the core where it is installed: both paths under Spark in every CI run (the tests without Spark run both
+# in-process: tests/streams/conftest.py, tests/stream_protocol/test_core_*.py).
+PURE_PYTHON_LINE := $(LOWEST_LINE)
 # The lines between the lowest and the pinned one (which bound what a line may lack or change), and CPython 3.13, run
 # the Spark tests of every mode's source and sink only: not those of deployments, jobs and threads (CI time: on two
 # cores, CI's Spark lanes beside each other are bound by CPU). 4.2 also runs the Delta tests.
@@ -44,6 +49,17 @@ SOURCES := pyproject.toml README.md pyspark_amqp.py $(shell find spark_amqp -nam
 # The embedded broker, a distribution of its own (broker/): tests, the demo and users' own tests install it.
 BROKER_WHEEL := dist/spark_amqp_broker-$(VERSION)-py3-none-any.whl
 BROKER_SOURCES := broker/pyproject.toml broker/README.md $(shell find broker/spark_amqp_broker -name '*.py' -o -name py.typed)
+# The compiled core (core/: spark-amqp-core, Rust), a distribution of its own that the connector requires on Linux
+# x86_64 and aarch64 under CPython. maturin builds it; ziglang links the wheels users install against glibc 2.17
+# (manylinux2014), one abi3 wheel per architecture for CPython 3.11 and later. cargo keeps its build in .cache/cargo.
+CORE_SOURCES := core/Cargo.toml core/Cargo.lock core/pyproject.toml core/README.md $(shell find core/src core/python -name '*.rs' -o -name '*.py' -o -name py.typed)
+CORE_TAG = cp311-abi3-manylinux2014_$(1).manylinux_2_17_$(1)
+CORE_WHEEL := dist/spark_amqp_core-$(VERSION)-$(call CORE_TAG,x86_64).whl
+CORE_WHEEL_AARCH64 := dist/spark_amqp_core-$(VERSION)-$(call CORE_TAG,aarch64).whl
+# The tests' build (make install): optimised, with overflow checks and debug assertions (Cargo profile `checked`), so
+# that what the differential test reaches panics rather than wraps; the wheel users install is the release build.
+CORE_CHECKED := .cache/core-checked
+maturin = PATH="$(abspath $(VENV))/bin:$$PATH" CARGO_TARGET_DIR="$(abspath .cache/cargo)" $(VENV)/bin/maturin build --quiet -m core/Cargo.toml $(1)
 # `make broker` listens here, not on 5672, so it never collides with a local RabbitMQ.
 BROKER_PORT ?= 5673
 # A command each lane of the tests runs under, given the lane's name first: .ci/run sets it to `tools/cpu run`, which
@@ -81,19 +97,34 @@ STREAMCLIENT_STAMP := $(STREAMCLIENT_DIR)/.stamp
 STREAMCLIENT_CLASS := $(STREAMCLIENT_DIR)/classes/StreamConsume.class
 INTEROP_CLASS := $(STREAMCLIENT_DIR)/classes/StreamInterop.class
 
-.PHONY: install jars perftest streamclient wheel jvm-archives test test-matrix $(PYSPARK_LINES:%=test-pyspark%) test-python3.13 lint demo bench broker rabbitmq soak clean
+.PHONY: install jars perftest streamclient wheel core-aarch64 jvm-archives test test-matrix $(PYSPARK_LINES:%=test-pyspark%) test-python3.13 lint demo bench broker rabbitmq soak clean
 
+# The core first: the connector requires it here, and it is on no package index.
 $(STAMP): pyproject.toml broker/pyproject.toml conf/constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c conf/constraints.txt maturin ziglang
+	$(install_core)
 	$(PY) -m pip install --quiet -c conf/constraints.txt -e ".[test]" -e ./broker
 	# The AMQP 1.0 reference client (tests/amqp10_client/test_interop.py, benchmarks): built from its sdist, which
 	# needs a C compiler, so here and not in the test extras every venv installs.
 	$(PY) -m pip install --quiet -c conf/constraints.txt python-qpid-proton
 	$(PY) tools/pyspark_bytecode.py
-	touch $(STAMP)
+	touch $(STAMP) $(VENV)/.core
 
-install: $(STAMP)
+# The checked build of the core into .venv (cargo must be there: rustup's). Again after a change under core/.
+define install_core
+	@command -v cargo >/dev/null 2>&1 || { echo "make install builds the compiled core (core/) with cargo: install Rust with rustup" >&2; exit 1; }
+	rm -rf $(CORE_CHECKED)
+	$(call maturin,--profile checked --out $(CORE_CHECKED))
+	$(PY) -m pip install --quiet --no-deps --force-reinstall $(CORE_CHECKED)/spark_amqp_core-*.whl
+	touch $(VENV)/.core
+endef
+
+$(VENV)/.core: $(STAMP) $(CORE_SOURCES)
+	$(install_core)
+
+install: $(STAMP) $(VENV)/.core
 
 ## The wheel users install (pip's standard PEP 517 build), and the embedded broker's for their tests.
 $(WHEEL): $(STAMP) $(SOURCES)
@@ -106,7 +137,18 @@ $(BROKER_WHEEL): $(STAMP) $(BROKER_SOURCES)
 	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist ./broker
 	rm -rf broker/build
 
-wheel: $(WHEEL) $(BROKER_WHEEL)
+## The compiled core's wheels: x86_64 always, aarch64 where rustup has (or can add) its target; tested by hand under
+## qemu (docs/compiled-core.md).
+$(CORE_WHEEL): $(STAMP) $(CORE_SOURCES)
+	$(call maturin,--release --zig --compatibility manylinux2014 --out dist)
+	test -f $@
+
+core-aarch64: $(STAMP) $(CORE_SOURCES)
+	@if rustup target list --installed 2>/dev/null | grep -qx aarch64-unknown-linux-gnu || rustup target add aarch64-unknown-linux-gnu >/dev/null 2>&1; then \
+		$(call maturin,--release --zig --compatibility manylinux2014 --target aarch64-unknown-linux-gnu --out dist) && test -f $(CORE_WHEEL_AARCH64); \
+	else echo "make wheel: no aarch64 wheel of the core: rustup has no aarch64-unknown-linux-gnu target and could not add it"; fi
+
+wheel: $(WHEEL) $(BROKER_WHEEL) $(CORE_WHEEL) core-aarch64
 
 ## A venv per PySpark line: first an "existing PySpark environment" from its constraints
 ## file, then the wheel installed into it as a user would, which must leave PySpark as it
@@ -115,17 +157,17 @@ wheel: $(WHEEL) $(BROKER_WHEEL)
 	rm -rf .venv-pyspark$*
 	$(or $(PYTHON_$*),$(PYTHON)) -m venv .venv-pyspark$*
 	.venv-pyspark$*/bin/python -m pip install --quiet --upgrade pip
-	.venv-pyspark$*/bin/python -m pip install --quiet -c $< "pyspark[connect]" pika pytest pytest-timeout pytest-xdist pytest-rerunfailures
+	.venv-pyspark$*/bin/python -m pip install --quiet -c $< "pyspark[connect]" pika pytest pytest-timeout pytest-xdist pytest-rerunfailures hypothesis
 	.venv-pyspark$*/bin/python tools/pyspark_bytecode.py
 	touch $@
 
 # Stamps, not intermediates: make must not delete them (and rebuild the venv) after a run.
 .PRECIOUS: .venv-pyspark%/.pyspark .venv-pyspark%/.wheel
 
-.venv-pyspark%/.wheel: .venv-pyspark%/.pyspark $(WHEEL) $(BROKER_WHEEL)
+.venv-pyspark%/.wheel: .venv-pyspark%/.pyspark $(WHEEL) $(BROKER_WHEEL) $(CORE_WHEEL)
 	@before=$$(.venv-pyspark$*/bin/python -m pip show pyspark | sed -n 's/^Version: //p'); \
-	.venv-pyspark$*/bin/python -m pip install --quiet -c conf/constraints-pyspark$*.txt $(WHEEL) $(BROKER_WHEEL) && \
-	.venv-pyspark$*/bin/python -m pip install --quiet --no-deps --force-reinstall $(WHEEL) $(BROKER_WHEEL) && \
+	.venv-pyspark$*/bin/python -m pip install --quiet -c conf/constraints-pyspark$*.txt $(CORE_WHEEL) $(WHEEL) $(BROKER_WHEEL) && \
+	.venv-pyspark$*/bin/python -m pip install --quiet --no-deps --force-reinstall $(CORE_WHEEL) $(WHEEL) $(BROKER_WHEEL) && \
 	after=$$(.venv-pyspark$*/bin/python -m pip show pyspark | sed -n 's/^Version: //p'); \
 	echo "$(WHEEL) installed into .venv-pyspark$*: PySpark $$before before, $$after after"; \
 	test "$$before" = "$$after"
@@ -195,9 +237,11 @@ jvm-archives: $(CDS_MAIN) $(CDS_DELTA)
 # .cache/test-phase1.done tells .ci/run that the tests without Spark and the Delta tests are over (its other lanes
 # start then). Each lane writes its tests' durations to .cache/junit-LANE.xml; the Delta and faults lanes' output
 # follows.
-test: $(STAMP) $(JARS_STAMP) $(DELTA_VENV)/.wheel $(INTEROP_CLASS) $(CDS_MAIN) $(CDS_DELTA)
+test: $(STAMP) $(VENV)/.core $(JARS_STAMP) $(DELTA_VENV)/.wheel $(INTEROP_CLASS) $(PERFTEST_STAMP) $(CDS_MAIN) $(CDS_DELTA)
 	@mkdir -p .cache
 	@rm -f .cache/test-phase1.done
+	@echo "::: the compiled core's own tests (cargo test); the connector says: $$($(PY) -c 'import spark_amqp; print(spark_amqp.rows_path())')"
+	cd core && CARGO_TARGET_DIR="$(abspath .cache/cargo)" cargo test --quiet --no-default-features
 	export JAVA_TOOL_OPTIONS="$(TEST_JVM)"; \
 	SPARK_AMQP_TEST_MASTER="local[16,3]" JAVA_TOOL_OPTIONS="$(call test_jvm,$(CDS_MAIN))" $(call lane,faults) $(PY) -m pytest -m "cluster or faults" --durations=10 -rfEP --junitxml=.cache/junit-faults.xml $(PYTEST_ARGS) >.cache/test-faults.log 2>&1 & faults=$$!; \
 	JAVA_TOOL_OPTIONS="$(call test_jvm,$(CDS_DELTA))" $(call lane,delta) $(DELTA_PY) -m pytest -m "spark and delta" --durations=5 --junitxml=.cache/junit-delta.xml $(PYTEST_ARGS) >.cache/test-delta.log 2>&1 & delta=$$!; \
@@ -234,15 +278,15 @@ soak: $(STAMP) rabbitmq
 $(PYSPARK_LINES:%=test-pyspark%): test-pyspark%: .venv-pyspark%/.wheel
 	@echo "PySpark $* on $$(.venv-pyspark$*/bin/python --version), pyarrow $$(.venv-pyspark$*/bin/python -c 'import pyarrow; print(pyarrow.__version__)')"
 	$(if $(filter $*,$(LOWEST_LINE)),$(call lane,lowest-deps) $(EMBEDDED_ONLY) .venv-pyspark$*/bin/python -m pytest -m "not spark" -n $(TEST_WORKERS) -p no:cacheprovider --junitxml=.cache/junit-lowest-deps.xml $(PYTEST_ARGS))
-	$(call lane,pyspark$*) $(EMBEDDED_ONLY) JAVA_TOOL_OPTIONS="$(TEST_JVM)" .venv-pyspark$*/bin/python -m pytest $(if $(filter $*,$(MIDDLE_LINES)),$(SPARK_MODE_TESTS),tests/spark) -m "spark and not delta and not pinned" -p no:cacheprovider --junitxml=.cache/junit-pyspark$*.xml $(PYTEST_ARGS)
+	$(call lane,pyspark$*) $(EMBEDDED_ONLY) $(if $(filter $*,$(PURE_PYTHON_LINE)),SPARK_AMQP_PURE_PYTHON=1) JAVA_TOOL_OPTIONS="$(TEST_JVM)" .venv-pyspark$*/bin/python -m pytest $(if $(filter $*,$(MIDDLE_LINES)),$(SPARK_MODE_TESTS),tests/spark) -m "spark and not delta and not pinned" -p no:cacheprovider --junitxml=.cache/junit-pyspark$*.xml $(PYTEST_ARGS)
 
 ## The Spark tests on every other PySpark line; `make test` covers the pinned one.
 test-matrix: $(PYSPARK_LINES:%=test-pyspark%)
 
 ## CPython 3.13 (tools/python3.13: Debian 13's, in a chroot; the checkout is bind-mounted at the same path).
-$(PY313_VENV)/.installed: pyproject.toml broker/pyproject.toml conf/constraints-pyspark$(PY313_LINE).txt tools/python3.13
+$(PY313_VENV)/.installed: pyproject.toml broker/pyproject.toml conf/constraints-pyspark$(PY313_LINE).txt tools/python3.13 $(CORE_WHEEL)
 	tools/python3.13 install
-	tools/python3.13 run "rm -rf $(PY313_VENV) && python3.13 -m venv $(PY313_VENV) && $(PY313_VENV)/bin/python -m pip install --quiet --upgrade pip && $(PY313_VENV)/bin/python -m pip install --quiet -c conf/constraints-pyspark$(PY313_LINE).txt -e '.[test]' -e ./broker && $(PY313_VENV)/bin/python tools/pyspark_bytecode.py"
+	tools/python3.13 run "rm -rf $(PY313_VENV) && python3.13 -m venv $(PY313_VENV) && $(PY313_VENV)/bin/python -m pip install --quiet --upgrade pip && $(PY313_VENV)/bin/python -m pip install --quiet -c conf/constraints-pyspark$(PY313_LINE).txt $(CORE_WHEEL) -e '.[test]' -e ./broker && $(PY313_VENV)/bin/python tools/pyspark_bytecode.py"
 	touch $@
 
 ## The tests without Spark and the Spark tests of every mode's source and sink (SPARK_MODE_TESTS) on PySpark
@@ -280,4 +324,4 @@ print-%:
 	@echo '$($*)'
 
 clean:
-	rm -rf $(VENV) $(PY313_VENV) $(PYSPARK_LINES:%=.venv-pyspark%) build broker/build dist .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(PY313_VENV) $(PYSPARK_LINES:%=.venv-pyspark%) build broker/build dist .pytest_cache .mypy_cache .ruff_cache .cache/cargo $(CORE_CHECKED) core/target
