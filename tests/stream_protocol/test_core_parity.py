@@ -23,6 +23,8 @@ import pika
 import pyarrow as pa
 import pytest
 
+from spark_amqp import amqp10
+from spark_amqp.errors import AmqpSourceError
 from spark_amqp.reading import arrow
 from spark_amqp.sink.amqp10_messages import Amqp10MessageBuilder
 from spark_amqp.sink.amqp10_publisher import Amqp10PartitionPublisher
@@ -35,6 +37,8 @@ from spark_amqp.streams.options import parse_stream_options
 from spark_amqp.streams.range_reader import read_range
 from spark_amqp.streams.ranges import StreamRange
 from tests.brokers import version_of
+
+from .helpers import publish, run
 
 pytestmark = pytest.mark.skipif(core.CORE is None, reason=f"no compiled core to compare: {core.PATH}")
 
@@ -232,3 +236,21 @@ def _first_difference(a: pa.Table, b: pa.Table) -> str:
             i = next((i for i, (p, q) in enumerate(zip(x, y, strict=False)) if p != q), min(len(x), len(y)))
             return f"column {name}, row {i}: core {x[i] if i < len(x) else None!r}, Python {y[i] if i < len(y) else None!r}"
     return f"schemas: {a.schema} / {b.schema}"
+
+
+def test_a_malformed_message_fails_the_read_alike_on_both_paths(
+    stream_node: Node, created_stream: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A message whose properties run past its end: the core leaves its chunk to Python, which fails the task with the
+    error it always gave, naming the stream and the broker; the worker is not harmed, and nothing is read past."""
+    good = amqp10.encode(b"ok", properties=["id-0"])
+    bad = b"\x00\x53\x73\xc0\x05\x01\xa1\x10ab"  # a list of one string of 16 bytes, 2 of which came
+    run(stream_node[1], lambda c: publish(c, created_stream, [good, bad, good]))
+    said = []
+    for path in ("core", "python"):
+        if path == "python":
+            monkeypatch.setattr(core, "CORE", None)
+        with pytest.raises(AmqpSourceError) as info:
+            read(stream_node[1], created_stream, 3)
+        said.append(str(info.value))
+    assert said[0] == said[1] and f"stream '{created_stream}'" in said[0] and "runs past the end" in said[0], said
