@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
+from ..errors import AmqpSourceError
 from ..reading.read_limits import AVAILABLE_NOW_BASES, default_limit, limit_terms
 from ..transport.outage import retried_since
 from .options import StreamSourceOptions
@@ -94,7 +95,10 @@ class StreamReader(DataSourceStreamReader, *AVAILABLE_NOW_BASES):  # type: ignor
 def read_partition(options: StreamSourceOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
     """A task's range. In Spark's retry of the task, an outage counts from when the range was planned, so that Spark's
     attempts together wait ``brokerOutageTimeout`` and not each of them (``transport.outage.Outage``)."""
-    assert isinstance(partition, StreamRangePartition)
+    if not isinstance(partition, StreamRangePartition):
+        if getattr(partition, "value", None) is None:
+            return  # PySpark's stand-in for a plan of no ranges (spark.read of an empty stream): nothing to read
+        raise AmqpSourceError(f"internal error: a stream read was handed {partition!r}, not one of its ranges")
     since = retried_since(partition.planned_at)
     part = StreamRange(partition.stream, partition.start, partition.end)
     yield from read_range(options, part, retried_since=since, quiet_since=partition.quiet_since)
