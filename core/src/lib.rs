@@ -1,11 +1,14 @@
 //! spark-amqp's compiled core: RabbitMQ stream chunks to the source's Arrow columns.
 //!
-//! `decode` is the decoder, safe code only and free of Python (what `cargo test` and cargo fuzz build); `python` is
-//! the pyo3 module `spark_amqp_core._core` over it. Python keeps the API and the Arrow schema: it calls `Builder.add`
+//! `amqp` (AMQP 1.0 values), `decode` (chunks to columns) and `render` (values as text) are the decoder, free of
+//! Python (what `cargo test` and cargo fuzz build); `python` is the pyo3 module `spark_amqp_core._core` over it. All
+//! of it is safe code. Python keeps the API and the Arrow schema: it calls `Builder.add`
 //! for each chunk and turns what `Builder.finish` returns into pyarrow arrays (spark_amqp/streams/held.py).
 #![forbid(unsafe_code)]
 
+pub mod amqp;
 pub mod decode;
+pub mod render;
 
 #[cfg(feature = "python")]
 mod python;
