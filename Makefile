@@ -241,7 +241,7 @@ test: $(STAMP) $(VENV)/.core $(JARS_STAMP) $(DELTA_VENV)/.wheel $(INTEROP_CLASS)
 	@mkdir -p .cache
 	@rm -f .cache/test-phase1.done
 	@echo "::: the compiled core's own tests (cargo test); the connector says: $$($(PY) -c 'import spark_amqp; print(spark_amqp.rows_path())')"
-	cd core && CARGO_TARGET_DIR="$(abspath .cache/cargo)" cargo test --quiet --no-default-features
+	cd core && CARGO_TARGET_DIR="$(abspath .cache/cargo)" cargo test --quiet --no-default-features --lib
 	export JAVA_TOOL_OPTIONS="$(TEST_JVM)"; \
 	SPARK_AMQP_TEST_MASTER="local[16,3]" JAVA_TOOL_OPTIONS="$(call test_jvm,$(CDS_MAIN))" $(call lane,faults) $(PY) -m pytest -m "cluster or faults" --durations=10 -rfEP --junitxml=.cache/junit-faults.xml $(PYTEST_ARGS) >.cache/test-faults.log 2>&1 & faults=$$!; \
 	JAVA_TOOL_OPTIONS="$(call test_jvm,$(CDS_DELTA))" $(call lane,delta) $(DELTA_PY) -m pytest -m "spark and delta" --durations=5 --junitxml=.cache/junit-delta.xml $(PYTEST_ARGS) >.cache/test-delta.log 2>&1 & delta=$$!; \
