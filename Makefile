@@ -144,7 +144,7 @@ $(CORE_WHEEL): $(STAMP) $(CORE_SOURCES)
 	test -f $@
 
 core-aarch64: $(STAMP) $(CORE_SOURCES)
-	@if rustup target list --installed 2>/dev/null | grep -qx aarch64-unknown-linux-gnu || rustup target add aarch64-unknown-linux-gnu >/dev/null 2>&1; then \
+	@if rustup target list --installed 2>/dev/null | grep -qx aarch64-unknown-linux-gnu || timeout 120 rustup target add aarch64-unknown-linux-gnu >/dev/null 2>&1; then \
 		$(call maturin,--release --zig --compatibility manylinux2014 --target aarch64-unknown-linux-gnu --out dist) && test -f $(CORE_WHEEL_AARCH64); \
 	else echo "make wheel: no aarch64 wheel of the core: rustup has no aarch64-unknown-linux-gnu target and could not add it"; fi
 
