@@ -24,7 +24,8 @@ class AmqpDataSource(DataSource):
     ``routing_key``, ``delivery_tag``, ``redelivered``, the message properties
     under pika's names, ``timestamp`` and ``headers`` (map<string,string>).
     In stream mode (option ``stream``), ``offset`` replaces ``delivery_tag`` and
-    ``redelivered``.
+    ``redelivered``. ``.schema(...)`` with some of these columns, of the same
+    types, reads only those (docs/queue-source.md, "Choosing columns").
 
     Options: see the option tables in docs/queue-source.md, docs/streams.md and docs/sink.md. Example::
 
@@ -61,13 +62,16 @@ class AmqpDataSource(DataSource):
 
         return AmqpStreamWriter(self.sink_options(schema), schema)
 
-    def source_options(self) -> SourceOptions | StreamSourceOptions:
+    def source_options(self, schema: StructType | None = None) -> SourceOptions | StreamSourceOptions:
+        """The options, and the columns ``schema`` asks for: checked here, before anything connects. With a schema given
+        to the reader, Spark calls no Python at load() (PythonDataSourceV2.getTable), so a bad one fails here, at
+        the read's planning or the query's start."""
         if is_stream_mode(self.options):
-            return parse_stream_options(self.options)
-        return parse_source_options(self.options)
+            return parse_stream_options(self.options, schema)
+        return parse_source_options(self.options, schema)
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        options = self.source_options()
+        options = self.source_options(schema)
         if isinstance(options, StreamSourceOptions):
             from .streams.batch import StreamBatchReader
 
@@ -79,7 +83,7 @@ class AmqpDataSource(DataSource):
         )
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        options = self.source_options()
+        options = self.source_options(schema)
         if isinstance(options, StreamSourceOptions):
             from .streams.reader import StreamReader
 

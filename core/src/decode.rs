@@ -6,7 +6,9 @@
 //! nested values, odd section layouts, undecodable data) is a `Fallback`: the chunk goes to the Python path, which
 //! then also raises the errors Python raises, so a malformed message fails the same way on both paths. A chunk is all
 //! or nothing (`Columns::rollback`). Safe code only: a bounds mistake here is a panic (a Python exception), never a
-//! read past a buffer.
+//! read past a buffer. A `Mask` says which columns a query asked for: the others are neither built nor rendered, and
+//! a query that asks for nothing held in the sections before the body has its records split at the body by the
+//! sections' sizes (rows.py's `split`), none of them decoded.
 pub use crate::amqp::{Fallback, Reader, R, V};
 use crate::amqp::fb;
 pub use crate::render::{bitmap, py_float_repr};
@@ -40,11 +42,16 @@ impl StrCol {
         }
         self.end(v.is_some())
     }
+    /// Back to `rows` rows, the bytes of an unfinished row dropped too; a column the mask leaves empty stays so.
     fn truncate(&mut self, rows: usize) {
-        self.nulls -= self.valid[rows..].iter().filter(|&&v| v == 0).count();
-        self.valid.truncate(rows);
+        if rows < self.valid.len() {
+            self.nulls -= self.valid[rows..].iter().filter(|&&v| v == 0).count();
+            self.valid.truncate(rows);
+        }
         self.offsets.truncate(rows + 1);
-        self.data.truncate(self.offsets[rows] as usize);
+        if let Some(&end) = self.offsets.get(rows) {
+            self.data.truncate(end as usize);
+        }
     }
 }
 
@@ -62,6 +69,9 @@ impl<T: Default + Copy> IntCol<T> {
         self.nulls += v.is_none() as usize;
     }
     fn truncate(&mut self, rows: usize) {
+        if rows >= self.valid.len() {
+            return;
+        }
         self.nulls -= self.valid[rows..].iter().filter(|&&v| v == 0).count();
         self.valid.truncate(rows);
         self.values.truncate(rows);
@@ -70,7 +80,69 @@ impl<T: Default + Copy> IntCol<T> {
 
 pub const STRING_PROPERTIES: usize = 9;
 
+/// The columns a query asked for (spark_amqp.reading.projection), a bit each at its place in `COLUMNS`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mask(pub u32);
+
+/// STREAM_ARROW_SCHEMA's columns but raw_header (an AMQP 0-9-1 reader's only), in its order.
+pub const COLUMNS: [&str; 18] = [
+    "body",
+    "queue",
+    "exchange",
+    "routing_key",
+    "offset",
+    "message_id",
+    "correlation_id",
+    "content_type",
+    "content_encoding",
+    "type",
+    "app_id",
+    "user_id",
+    "reply_to",
+    "expiration",
+    "priority",
+    "delivery_mode",
+    "timestamp",
+    "headers",
+];
+pub const BODY: usize = 0;
+pub const QUEUE: usize = 1;
+pub const EXCHANGE: usize = 2;
+pub const ROUTING_KEY: usize = 3;
+pub const OFFSET: usize = 4;
+pub const PROPS: usize = 5; // the string properties, STRING_PROPERTIES of them
+const REPLY_TO: usize = PROPS + 7;
+const EXPIRATION: usize = PROPS + 8;
+pub const PRIORITY: usize = 14;
+pub const DELIVERY_MODE: usize = 15;
+pub const TIMESTAMP: usize = 16;
+pub const HEADERS: usize = 17;
+
+impl Mask {
+    pub const ALL: Mask = Mask((1 << COLUMNS.len()) - 1);
+
+    /// The mask of these column names; the first name that is not a column, as an error.
+    pub fn of<S: AsRef<str>>(names: &[S]) -> Result<Mask, String> {
+        let mut bits = 0u32;
+        for name in names {
+            let at = COLUMNS.iter().position(|c| *c == name.as_ref()).ok_or_else(|| name.as_ref().to_string())?;
+            bits |= 1 << at;
+        }
+        Ok(Mask(bits))
+    }
+
+    pub fn has(self, column: usize) -> bool {
+        self.0 >> column & 1 == 1
+    }
+
+    /// Whether any column asked for is read from the sections before the body (all but body, queue and offset).
+    fn sections(self) -> bool {
+        self.0 & !(1 << BODY | 1 << QUEUE | 1 << OFFSET) != 0
+    }
+}
+
 pub struct Columns {
+    pub mask: Mask,
     pub rows: usize,
     pub body: StrCol,
     pub queue: StrCol,
@@ -113,7 +185,13 @@ impl Default for Columns {
 
 impl Columns {
     pub fn new() -> Self {
+        Self::with(Mask::ALL)
+    }
+
+    /// Columns that build only those of `mask` (the others stay empty; offsets are always kept: the rows' count).
+    pub fn with(mask: Mask) -> Self {
         Columns {
+            mask,
             rows: 0,
             body: StrCol::new(),
             queue: StrCol::new(),
@@ -144,8 +222,10 @@ impl Columns {
         self.priority.truncate(rows);
         self.delivery_mode.truncate(rows);
         self.timestamp.truncate(rows);
-        self.headers_nulls -= self.headers_valid[rows..].iter().filter(|&&v| v == 0).count();
-        self.headers_valid.truncate(rows);
+        if rows < self.headers_valid.len() {
+            self.headers_nulls -= self.headers_valid[rows..].iter().filter(|&&v| v == 0).count();
+            self.headers_valid.truncate(rows);
+        }
         self.headers_offsets.truncate(rows + 1);
         self.keys.truncate(entries);
         self.values.truncate(entries);
@@ -220,31 +300,91 @@ impl Columns {
         &mut self, rec: &'a [u8], offset: i64, stream: &str, conv: Conversion, entries: &mut Vec<(&'a [u8], V<'a>)>,
     ) -> R<()> {
         entries.clear();
+        let m = self.mask;
         self.offset.push(offset);
-        self.queue.push(Some(stream.as_bytes()))?;
+        if m.has(QUEUE) {
+            self.queue.push(Some(stream.as_bytes()))?;
+        }
         let is_amqp10 = rec.len() >= 3 && rec[0] == 0 && rec[1] == 0x53 && (0x70..=0x78).contains(&rec[2]);
         if !is_amqp10 {
-            self.body.push(Some(rec))?;
-            self.exchange.push(None)?;
-            self.routing_key.push(None)?;
-            for c in self.props.iter_mut() {
-                c.push(None)?;
+            if m.has(BODY) {
+                self.body.push(Some(rec))?;
             }
-            self.priority.push(None);
-            self.delivery_mode.push(None);
-            self.timestamp.push(None);
-            self.headers_valid.push(0);
-            self.headers_nulls += 1;
-            self.headers_offsets.push(self.keys.valid.len() as i32);
-            self.rows += 1;
-            return Ok(());
+            self.nulls()?;
+        } else if m.sections() {
+            self.sections(rec, stream, conv, entries)?;
+        } else {
+            self.body_only(rec)?;
         }
-        self.sections(rec, stream, conv, entries)?;
         self.rows += 1;
         Ok(())
     }
 
+    /// Null in every column built from the sections before the body (a record that is not AMQP 1.0).
+    fn nulls(&mut self) -> R<()> {
+        let m = self.mask;
+        for (at, c) in [(EXCHANGE, &mut self.exchange), (ROUTING_KEY, &mut self.routing_key)] {
+            if m.has(at) {
+                c.push(None)?;
+            }
+        }
+        for (i, c) in self.props.iter_mut().enumerate() {
+            if m.has(PROPS + i) {
+                c.push(None)?;
+            }
+        }
+        for (at, c) in [(PRIORITY, &mut self.priority), (DELIVERY_MODE, &mut self.delivery_mode)] {
+            if m.has(at) {
+                c.push(None);
+            }
+        }
+        if m.has(TIMESTAMP) {
+            self.timestamp.push(None);
+        }
+        if m.has(HEADERS) {
+            self.headers_valid.push(0);
+            self.headers_nulls += 1;
+            self.headers_offsets.push(self.keys.valid.len() as i32);
+        }
+        Ok(())
+    }
+
+    /// rows.py's `split`, for a query that asks for no column of the sections before the body: the body when it is one
+    /// data section, the last, found by the sizes of the sections before it, none of them decoded. Anything else (several
+    /// data sections, an amqp-value body, a section not sized so) is Python's, which decodes the whole message.
+    fn body_only(&mut self, rec: &[u8]) -> R<()> {
+        const WHOLE: Fallback = Fallback("a body split by sizes does not find: left to Python, which decodes the message");
+        let n = rec.len();
+        let byte = |at: usize| rec.get(at).copied().ok_or(WHOLE);
+        let word = |at: usize| rec.get(at..at + 4).map(|b| u32::from_be_bytes(b.try_into().unwrap()) as usize).ok_or(WHOLE);
+        let mut pos = 0;
+        while pos < n && byte(pos)? == 0x00 && byte(pos + 1)? == 0x53 {
+            let (code, kind, at) = (byte(pos + 2)?, byte(pos + 3)?, pos + 4);
+            if (0x75..=0x77).contains(&code) {
+                if code == 0x75 && (kind == 0xA0 || kind == 0xB0) {
+                    let (size, head) = if kind == 0xA0 { (byte(at)? as usize, 1) } else { (word(at)?, 4) };
+                    if at + head + size == n {
+                        if self.mask.has(BODY) {
+                            self.body.push(Some(&rec[at + head..]))?;
+                        }
+                        return Ok(());
+                    }
+                }
+                return Err(WHOLE);
+            }
+            pos = match kind {
+                0xC0 | 0xC1 => at + 1 + byte(at)? as usize,
+                0xD0 | 0xD1 => at + 4 + word(at)?,
+                0x40 | 0x45 => at,
+                _ => return Err(WHOLE),
+            };
+        }
+        Err(WHOLE)
+    }
+
     fn sections<'a>(&mut self, rec: &'a [u8], stream: &str, conv: Conversion, entries: &mut Vec<(&'a [u8], V<'a>)>) -> R<()> {
+        let m = self.mask;
+        let body = m.has(BODY);
         let mut r = Reader { d: rec, p: 0 };
         let mut seen = 0u16;
         let mut header: [V; 3] = [V::Null; 3];
@@ -345,15 +485,21 @@ impl Columns {
                     r.close(end)?;
                 }
                 (0x75, V::Bin(b)) => {
-                    self.body.data.extend_from_slice(b);
+                    if body {
+                        self.body.data.extend_from_slice(b);
+                    }
                     body_kind = 0x75;
                 }
                 (0x77, V::Bin(b)) => {
-                    self.body.data.extend_from_slice(b);
+                    if body {
+                        self.body.data.extend_from_slice(b);
+                    }
                     body_kind = 0x77;
                 }
                 (0x77, V::Str(s)) => {
-                    self.body.data.extend_from_slice(s.as_bytes());
+                    if body {
+                        self.body.data.extend_from_slice(s.as_bytes());
+                    }
                     body_kind = 0x77;
                 }
                 (0x77, V::Null) => body_kind = 0x77,
@@ -361,47 +507,62 @@ impl Columns {
                 _ => return fb("a section of a kind or value left to Python"),
             }
         }
-        self.body.end(true)?;
-
-        // exchange and routing key: str(ann.get("x-exchange") or ""), str(ann.get("x-routing-key", stream))
-        match exchange {
-            V::Null => self.exchange.push(Some(b""))?,
-            V::Str(s) => self.exchange.push(Some(s.as_bytes()))?,
-            V::Sym(s) if s.is_ascii() => self.exchange.push(Some(s))?,
-            _ => return fb("an x-exchange that is not text"),
+        if body {
+            self.body.end(true)?;
         }
-        match routing_key {
-            None => self.routing_key.push(Some(stream.as_bytes()))?,
-            Some(V::Null) => self.routing_key.push(Some(b"None"))?,
-            Some(V::Str(s)) => self.routing_key.push(Some(s.as_bytes()))?,
-            Some(V::Sym(s)) if s.is_ascii() => self.routing_key.push(Some(s))?,
-            _ => return fb("an x-routing-key that is not text"),
+        // What is not asked for is neither checked nor rendered: the Python path does not convert it either.
+        if m.has(EXCHANGE) {
+            // str(ann.get("x-exchange") or "")
+            match exchange {
+                V::Null => self.exchange.push(Some(b""))?,
+                V::Str(s) => self.exchange.push(Some(s.as_bytes()))?,
+                V::Sym(s) if s.is_ascii() => self.exchange.push(Some(s))?,
+                _ => return fb("an x-exchange that is not text"),
+            }
+        }
+        if m.has(ROUTING_KEY) {
+            // str(ann.get("x-routing-key", stream))
+            match routing_key {
+                None => self.routing_key.push(Some(stream.as_bytes()))?,
+                Some(V::Null) => self.routing_key.push(Some(b"None"))?,
+                Some(V::Str(s)) => self.routing_key.push(Some(s.as_bytes()))?,
+                Some(V::Sym(s)) if s.is_ascii() => self.routing_key.push(Some(s))?,
+                _ => return fb("an x-routing-key that is not text"),
+            }
         }
 
         // header: durable, priority, ttl
-        let durable = if header_items > 0 {
-            header[0]
-        } else if conv.headerless_durable {
-            V::Bool(true)
-        } else {
-            V::Null
-        };
-        let mode = match durable {
-            V::Null => None,
-            V::Bool(b) => Some(if b { 2 } else { 1 }),
-            _ => return fb("a durable that is not a boolean"),
-        };
-        let priority = match header[1] {
-            V::Null => None,
-            V::U(x) if x <= i32::MAX as u64 => Some(x as i32),
-            V::I(x) if x >= i32::MIN as i64 && x <= i32::MAX as i64 => Some(x as i32),
-            _ => return fb("a priority left to Python"),
-        };
+        if m.has(DELIVERY_MODE) {
+            let durable = if header_items > 0 {
+                header[0]
+            } else if conv.headerless_durable {
+                V::Bool(true)
+            } else {
+                V::Null
+            };
+            let mode = match durable {
+                V::Null => None,
+                V::Bool(b) => Some(if b { 2 } else { 1 }),
+                _ => return fb("a durable that is not a boolean"),
+            };
+            self.delivery_mode.push(mode);
+        }
+        if m.has(PRIORITY) {
+            let priority = match header[1] {
+                V::Null => None,
+                V::U(x) if x <= i32::MAX as u64 => Some(x as i32),
+                V::I(x) if x >= i32::MIN as i64 && x <= i32::MAX as i64 => Some(x as i32),
+                _ => return fb("a priority left to Python"),
+            };
+            self.priority.push(priority);
+        }
         let expiration = match header[2] {
             V::Null | V::U(_) | V::I(_) | V::Str(_) => header[2],
+            _ if !m.has(EXPIRATION) => V::Null,
             _ => return fb("a ttl left to Python"),
         };
         let reply_to = match props.reply_to {
+            _ if !m.has(REPLY_TO) => V::Null,
             V::Str(s) if conv.address_reply_to && s.starts_with("/queues/") => {
                 if s.contains('%') {
                     return fb("a reply_to address to unquote");
@@ -429,36 +590,41 @@ impl Columns {
             reply_to,
             expiration,
         ];
-        for (col, v) in self.props.iter_mut().zip(texts) {
-            let ok = text(v, &mut col.data)?;
-            col.end(ok)?;
-        }
-        self.priority.push(priority);
-        self.delivery_mode.push(mode);
-        let ts = match props.creation_time {
-            V::Null => None,
-            V::Ts(ms) | V::I(ms) => Some(ms.div_euclid(1000).checked_mul(1_000_000).ok_or(Fallback("a timestamp out of range"))?),
-            V::U(ms) if ms <= i64::MAX as u64 => {
-                Some((ms as i64 / 1000).checked_mul(1_000_000).ok_or(Fallback("a timestamp out of range"))?)
+        for (i, (col, v)) in self.props.iter_mut().zip(texts).enumerate() {
+            if m.has(PROPS + i) {
+                let ok = text(v, &mut col.data)?;
+                col.end(ok)?;
             }
-            _ => return fb("a creation_time left to Python"),
-        };
-        self.timestamp.push(ts);
+        }
+        if m.has(TIMESTAMP) {
+            let ts = match props.creation_time {
+                V::Null => None,
+                V::Ts(ms) | V::I(ms) => Some(ms.div_euclid(1000).checked_mul(1_000_000).ok_or(Fallback("a timestamp out of range"))?),
+                V::U(ms) if ms <= i64::MAX as u64 => {
+                    Some((ms as i64 / 1000).checked_mul(1_000_000).ok_or(Fallback("a timestamp out of range"))?)
+                }
+                _ => return fb("a creation_time left to Python"),
+            };
+            self.timestamp.push(ts);
+        }
 
-        // headers: annotations (not routing, not x-basic-*), then application properties; x-stream-offset cut out
-        entries.retain(|(k, _)| *k != b"x-stream-offset");
-        if entries.is_empty() {
-            self.headers_valid.push(0);
-            self.headers_nulls += 1;
-        } else {
-            self.headers_valid.push(1);
-            for (k, v) in entries.iter() {
-                self.keys.push(Some(k))?;
-                let ok = render_header(*v, &mut self.values.data)?;
-                self.values.end(ok)?;
+        // headers: annotations (not routing, not x-basic-*), then application properties; x-stream-offset cut out. The
+        // entries are gathered whatever the mask: the row filter reads them.
+        if m.has(HEADERS) {
+            entries.retain(|(k, _)| *k != b"x-stream-offset");
+            if entries.is_empty() {
+                self.headers_valid.push(0);
+                self.headers_nulls += 1;
+            } else {
+                self.headers_valid.push(1);
+                for (k, v) in entries.iter() {
+                    self.keys.push(Some(k))?;
+                    let ok = render_header(*v, &mut self.values.data)?;
+                    self.values.end(ok)?;
+                }
             }
+            self.headers_offsets.push(self.keys.valid.len() as i32);
         }
-        self.headers_offsets.push(self.keys.valid.len() as i32);
         Ok(())
     }
 
@@ -477,9 +643,15 @@ impl Columns {
             c.values.truncate(n);
             c.nulls = c.valid.iter().filter(|&&v| v == 0).count();
         }
-        let mut rows = rows.min(self.offset.len()).min(self.headers_valid.len()).min(self.headers_offsets.len().saturating_sub(1));
-        for c in [&mut self.body, &mut self.queue, &mut self.exchange, &mut self.routing_key] {
-            rows = rows.min(c.valid.len());
+        let m = self.mask;
+        let mut rows = rows.min(self.offset.len());
+        if m.has(HEADERS) {
+            rows = rows.min(self.headers_valid.len()).min(self.headers_offsets.len().saturating_sub(1));
+        }
+        for (at, c) in [(BODY, &self.body), (QUEUE, &self.queue), (EXCHANGE, &self.exchange), (ROUTING_KEY, &self.routing_key)] {
+            if m.has(at) {
+                rows = rows.min(c.valid.len());
+            }
         }
         for c in [&mut self.body, &mut self.queue, &mut self.exchange, &mut self.routing_key] {
             cut(c, rows);

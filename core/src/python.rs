@@ -1,13 +1,15 @@
 //! The Python face of the decoder: `Builder` takes chunks, `finish` hands the columns over as plain buffers for
 //! `pa.Array.from_buffers`. No arrow-rs: the buffers are Arrow's own layout (validity bitmaps, i32 offsets, values).
-use crate::decode::{bitmap, Columns, Conversion, IntCol, RowFilter, StrCol};
+use crate::decode::{bitmap, Columns, Conversion, IntCol, Mask, RowFilter, StrCol, BODY, DELIVERY_MODE, EXCHANGE, HEADERS, OFFSET, PRIORITY, PROPS, QUEUE, ROUTING_KEY, TIMESTAMP};
+use pyo3::exceptions::PyValueError;
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 
 /// The contract with spark_amqp/stream_protocol/core.py: what `add` takes and what `finish` returns. Raised whenever
 /// either changes, so that a connector never runs a core it was not written for (it falls back to Python then).
-const ABI: u32 = 1;
+/// 2: the columns to make (`columns`), and None in `finish` for the others.
+const ABI: u32 = 2;
 
 #[pyclass(module = "spark_amqp_core._core")]
 struct Builder {
@@ -64,12 +66,21 @@ fn int_col<'py, T: Copy, const N: usize>(py: Python<'py>, c: &IntCol<T>, f: fn(T
 #[pymethods]
 impl Builder {
     /// `stream`: the queue column's value and the routing key's default; the conversion of RabbitMQ 4.x (3.x's is
-    /// Python's alone); `filter_values`: the row filter's values (None: no filter), `match_unfiltered` its flag.
+    /// Python's alone); `filter_values`: the row filter's values (None: no filter), `match_unfiltered` its flag;
+    /// `columns`: the names of the columns to make (None: all), as spark_amqp.reading.projection gives them.
     #[new]
-    #[pyo3(signature = (stream, headerless_durable=false, address_reply_to=true, filter_values=None, match_unfiltered=false))]
-    fn new(stream: String, headerless_durable: bool, address_reply_to: bool, filter_values: Option<Vec<String>>, match_unfiltered: bool) -> Self {
+    #[pyo3(signature = (stream, headerless_durable=false, address_reply_to=true, filter_values=None, match_unfiltered=false, columns=None))]
+    fn new(
+        stream: String, headerless_durable: bool, address_reply_to: bool, filter_values: Option<Vec<String>>, match_unfiltered: bool,
+        columns: Option<Vec<String>>,
+    ) -> PyResult<Self> {
+        let mask = match columns {
+            None => Mask::ALL,
+            Some(names) => Mask::of(&names).map_err(|name| PyValueError::new_err(format!("not a column the core makes: {name:?}")))?,
+        };
         let filter = filter_values.map(|v| RowFilter { values: v.into_iter().map(String::into_bytes).collect(), match_unfiltered });
-        Builder { cols: Columns::new(), stream, conv: Conversion { headerless_durable, address_reply_to }, filter, fallback: None }
+        let conv = Conversion { headerless_durable, address_reply_to };
+        Ok(Builder { cols: Columns::with(mask), stream, conv, filter, fallback: None })
     }
 
     /// The chunk's records `skip..stop` (those the filter keeps) as rows: how many were added; None, with nothing
@@ -102,26 +113,29 @@ impl Builder {
         self.cols.rows
     }
 
-    /// The columns as buffers, in STREAM_ARROW_SCHEMA's order (raw_header, always null here, left out), and the
-    /// builder emptied: (rows, body, queue, exchange, routing_key, offsets, the 9 string properties, priority,
-    /// delivery_mode, timestamp, (headers validity, null count, offsets, keys, values)).
+    /// The columns as buffers, in STREAM_ARROW_SCHEMA's order (raw_header, always null here, left out; None for a column
+    /// not asked for), and the builder emptied: (rows, body, queue, exchange, routing_key, offsets, the 9 string
+    /// properties, priority, delivery_mode, timestamp, (headers validity, null count, offsets, keys, values)).
     fn finish<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         let c = &self.cols;
+        let m = c.mask;
+        let none = || py.None().into_bound(py);
+        let string = |at: usize, col: &StrCol| -> PyResult<Bound<'py, PyAny>> { Ok(if m.has(at) { str_col(py, col)?.into_any() } else { none() }) };
         let mut items: Vec<Bound<'py, PyAny>> = vec![
             c.rows.into_pyobject(py)?.into_any(),
-            str_col(py, &c.body)?.into_any(),
-            str_col(py, &c.queue)?.into_any(),
-            str_col(py, &c.exchange)?.into_any(),
-            str_col(py, &c.routing_key)?.into_any(),
-            le_bytes(py, &c.offset, i64::to_le_bytes)?.into_any(),
+            string(BODY, &c.body)?,
+            string(QUEUE, &c.queue)?,
+            string(EXCHANGE, &c.exchange)?,
+            string(ROUTING_KEY, &c.routing_key)?,
+            if m.has(OFFSET) { le_bytes(py, &c.offset, i64::to_le_bytes)?.into_any() } else { none() },
         ];
-        for p in c.props.iter() {
-            items.push(str_col(py, p)?.into_any());
+        for (i, p) in c.props.iter().enumerate() {
+            items.push(string(PROPS + i, p)?);
         }
-        items.push(int_col(py, &c.priority, i32::to_le_bytes)?.into_any());
-        items.push(int_col(py, &c.delivery_mode, i32::to_le_bytes)?.into_any());
-        items.push(int_col(py, &c.timestamp, i64::to_le_bytes)?.into_any());
-        items.push(
+        items.push(if m.has(PRIORITY) { int_col(py, &c.priority, i32::to_le_bytes)?.into_any() } else { none() });
+        items.push(if m.has(DELIVERY_MODE) { int_col(py, &c.delivery_mode, i32::to_le_bytes)?.into_any() } else { none() });
+        items.push(if m.has(TIMESTAMP) { int_col(py, &c.timestamp, i64::to_le_bytes)?.into_any() } else { none() });
+        items.push(if m.has(HEADERS) {
             PyTuple::new(
                 py,
                 [
@@ -132,8 +146,10 @@ impl Builder {
                     str_col(py, &c.values)?.into_any(),
                 ],
             )?
-            .into_any(),
-        );
+            .into_any()
+        } else {
+            none()
+        });
         let out = PyTuple::new(py, items)?;
         self.cols.clear();
         Ok(out)

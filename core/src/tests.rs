@@ -1,7 +1,7 @@
 //! The decoder's own checks (`cargo test --no-default-features`, run by make test). That its columns equal the
 //! Python path's is tests/stream_protocol/test_core_differential.py's job (hypothesis); these pin the pieces written
 //! by hand and the all-or-nothing contract.
-use crate::decode::{py_float_repr, Columns, Conversion, RowFilter};
+use crate::decode::{py_float_repr, Columns, Conversion, Mask, RowFilter};
 
 const CONV: Conversion = Conversion { headerless_durable: false, address_reply_to: true };
 
@@ -129,4 +129,51 @@ fn the_filter_keeps_the_values_asked_for() {
         let added = c.add_chunk(&msgs, 0, 9, "s", CONV, Some(&filter)).unwrap();
         assert_eq!((added, c.rows, c.offset.len(), &c.body.data[..]), (rows, rows, rows, want));
     }
+}
+
+/// A message whose properties section is a list of 1 item of an unknown type code (0xff), sized right: a full decode
+/// refuses it, a split by sizes steps over it.
+fn bad_properties(body: &[u8]) -> Vec<u8> {
+    let mut out = vec![0x00, 0x53, 0x73, 0xC0, 2, 1, 0xFF];
+    out.extend_from_slice(&[0x00, 0x53, 0x75, 0xA0, body.len() as u8]);
+    out.extend_from_slice(body);
+    out
+}
+
+#[test]
+fn a_mask_builds_only_its_columns() {
+    let msgs = [message(b"one", &[("k", "v")]), message(b"two", &[])];
+    let refs: Vec<&[u8]> = msgs.iter().map(|m| &m[..]).collect();
+    let mut c = Columns::with(Mask::of(&["offset", "headers"]).unwrap());
+    assert_eq!(c.add_chunk(&chunk(7, &refs), 0, 9, "s", CONV, None).unwrap(), 2);
+    assert_eq!((c.offset.clone(), &c.headers_offsets[..], c.headers_nulls), (vec![7, 8], &[0, 1, 1][..], 1));
+    assert!(c.body.data.is_empty() && c.body.valid.is_empty() && c.queue.valid.is_empty());
+    assert!(c.props.iter().all(|p| p.valid.is_empty()) && c.timestamp.valid.is_empty());
+    assert_eq!(Mask::of(&["body", "nope"]), Err("nope".to_string()));
+}
+
+#[test]
+fn body_and_offset_decode_no_section_before_the_body() {
+    let msgs = [bad_properties(b"kept"), message(b"plain", &[("k", "v")]), b"not amqp".to_vec()];
+    let refs: Vec<&[u8]> = msgs.iter().map(|m| &m[..]).collect();
+    let mut full = Columns::new();
+    assert!(full.add_chunk(&chunk(0, &refs), 0, 9, "s", CONV, None).is_err(), "a full read leaves it to Python");
+    let mut c = Columns::with(Mask::of(&["body", "offset"]).unwrap());
+    assert_eq!(c.add_chunk(&chunk(0, &refs), 0, 9, "s", CONV, None).unwrap(), 3);
+    assert_eq!((&c.body.data[..], &c.body.offsets[..]), (&b"keptplainnot amqp"[..], &[0, 4, 9, 17][..]));
+    // split's limits are Python's: two data sections, or one not last, are left to it
+    let two = [&message(b"a", &[])[..], &message(b"b", &[])[..]].concat();
+    assert!(c.add_chunk(&chunk(3, &[&two]), 0, 9, "s", CONV, None).is_err());
+    assert_eq!(c.rows, 3);
+}
+
+#[test]
+fn a_masked_chunk_is_all_or_nothing() {
+    let good = message(b"x", &[("k", "v")]);
+    let mut c = Columns::with(Mask::of(&["queue", "headers"]).unwrap());
+    assert_eq!(c.add_chunk(&chunk(0, &[&good]), 0, 9, "s", CONV, None).unwrap(), 1);
+    assert!(c.add_chunk(&chunk(1, &[&good, &bad_properties(b"y")]), 0, 9, "s", CONV, None).is_err());
+    assert_eq!((c.rows, c.offset.len(), c.queue.valid.len(), &c.headers_offsets[..], c.keys.valid.len()), (1, 1, 1, &[0, 1][..], 1));
+    c.clear();
+    assert_eq!((c.rows, c.queue.valid.len(), c.keys.valid.len()), (0, 0, 0));
 }

@@ -18,7 +18,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["MAX_TIMESTAMP", "LazyProperties", "decode_properties", "find_header"]
+__all__ = ["ABSENT", "MAX_TIMESTAMP", "LazyProperties", "decode_properties", "find_header"]
 
 # Wire order of basic's properties; bit 15 of the flags is the first.
 NAMES = (
@@ -200,6 +200,8 @@ def decode_properties(plist: bytes) -> tuple[list[Any], bool]:
 _SKIP = {kind[0]: size for kind, (size, _) in _FIXED.items()}
 _SIZED = frozenset(b"SxAF")
 _HEADERS_FLAG = 1 << (15 - _INDEX["headers"])
+# find_header's answer for a key it knows is not there (no table, or every entry walked): no field type is 0.
+ABSENT = (0, 0, 0, 0)
 
 
 def find_header(header: bytes, key: bytes) -> tuple[int, int, int, int] | None:
@@ -207,15 +209,19 @@ def find_header(header: bytes, key: bytes) -> tuple[int, int, int, int] | None:
     its entry, offset of the table's size).
 
     Walks the table's keys and skips values by their sizes, building no objects,
-    for a value wanted from every message (a stream's ``x-stream-offset``).
-    None when the key is absent, and also when the walk cannot tell (a
-    continued flag word, a value type of unknown size): ``decode_properties``
-    is the judge then.
+    for a value wanted from every message (a stream's ``x-stream-offset``, a
+    queue's ``x-delivery-count``, a filter value). ``ABSENT`` when the message
+    has no headers or the whole table was walked without it, so that a message
+    nobody asked the properties of is never decoded; None when the walk cannot
+    tell (a continued flag word, a value type of unknown size, an entry past the
+    table): ``decode_properties`` is the judge then.
     """
     try:
         flags = _U16.unpack_from(header, 12)[0]
-        if not flags & _HEADERS_FLAG or flags & 1:
+        if flags & 1:
             return None
+        if not flags & _HEADERS_FLAG:
+            return ABSENT
         table = 14
         if flags & (1 << 15):  # content_type and content_encoding, the only properties before the table
             table += 1 + header[table]
@@ -240,6 +246,7 @@ def find_header(header: bytes, key: bytes) -> tuple[int, int, int, int] | None:
             if klen == wanted and header.startswith(key, offset + 1):
                 return kind, at, offset, table
             offset = at + size
+        return ABSENT
     except (IndexError, struct.error):
         pass
     return None
@@ -312,6 +319,8 @@ class LazyProperties:
         message the publisher sent without properties still has none.
         """
         found = find_header(self.header, key.encode()) if self._values is None else None
+        if found is ABSENT:
+            return None
         if found is not None and found[0] == 0x6C:  # 'l', what RabbitMQ writes
             _, at, start, table = found
             offset = int(_I64.unpack_from(self.header, at)[0])
@@ -330,6 +339,8 @@ class LazyProperties:
     def long_header(self, key: str) -> int | None:
         """An integer header, read without taking it out (None if absent or not an integer)."""
         found = find_header(self.header, key.encode()) if self._values is None else None
+        if found is ABSENT:
+            return None
         if found is not None and found[0] == 0x6C:
             return int(_I64.unpack_from(self.header, found[1])[0])
         headers = self._decoded()[2]
@@ -339,6 +350,8 @@ class LazyProperties:
     def text_header(self, key: str) -> str | None:
         """A string header (a long string, or bytes taken as UTF-8), read without taking it out; None otherwise."""
         found = find_header(self.header, key.encode()) if self._values is None else None
+        if found is ABSENT:
+            return None
         if found is not None and found[0] == 0x53:  # 'S'
             at = found[1]
             return self.header[at + 4 : at + 4 + _U32.unpack_from(self.header, at)[0]].decode("utf-8", "replace")

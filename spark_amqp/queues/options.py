@@ -5,13 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import AmqpOptionError
 from ..option_reader import OptionReader, keyed, redact_uri
 from ..rabbitmq import MAX_PREFETCH
+from ..reading.projection import Projection, projection
 from ..reading.trigger import TRIGGER_KEYS, TriggerOptions, parse_trigger
 from ..transport.options import CONNECTION_KEYS, ConnectionOptions, parse_connection
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
 
 __all__ = ["JournalOptions", "QueueDeclaration", "SourceOptions", "parse_source_options"]
 
@@ -65,6 +69,8 @@ class SourceOptions:
     # onDeliveryLimit=deadLetter: a message at maxDeliveryCount is dead-lettered (AMQP 1.0's modified outcome, with a
     # reason) rather than failing the query
     dead_letter_at_limit: bool = False
+    # the columns the query's schema asks for (``.schema(...)``); None: every column
+    columns: Projection | None = None
 
 
 SOURCE_KEYS = CONNECTION_KEYS | keyed(
@@ -86,7 +92,8 @@ SOURCE_KEYS = CONNECTION_KEYS | keyed(
 )
 
 
-def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
+def parse_source_options(options: Mapping[str, str], schema: StructType | None = None) -> SourceOptions:
+    """The options, checked, and the columns ``schema`` (the reader's, if the query gave one) asks for."""
     r = OptionReader(options, SOURCE_KEYS)
     connection = parse_connection(r)
     queues = r.names("queue", "queue")
@@ -155,6 +162,7 @@ def parse_source_options(options: Mapping[str, str]) -> SourceOptions:
         trigger=trigger,
         max_delivery_count=max_delivery_count,
         dead_letter_at_limit=dead_letter,
+        columns=projection(schema, "queue"),
     )
 
 

@@ -70,7 +70,9 @@ class QueueReader(DataSourceStreamReader, *AVAILABLE_NOW_BASES):  # type: ignore
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, QueueBatchPartition)
-        yield from arrow.from_ipc(partition.data)
+        columns = self.options.columns
+        for batch in arrow.from_ipc(partition.data):
+            yield batch if columns is None else columns.conform(batch)  # a journal's batch holds every column
 
     def commit(self, end: dict[str, Any]) -> None:
         self.runtime.commit(end)

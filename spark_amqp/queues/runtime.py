@@ -371,7 +371,8 @@ class SourceRuntime:
             delivery = entry.delivery
             positions[delivery.queue] = QueuePosition(delivery.session, delivery.tag)
         rows = [e.delivery for e in taken]
-        batch = arrow.to_record_batch(rows)
+        # A journal keeps whole rows (a replay is the same whatever a restarted query's schema): QueueReader.read picks.
+        batch = arrow.to_record_batch(rows, None if self.journalled is not None else self.options.columns)
         count = self.options.num_partitions or math.ceil(len(rows) / AUTO_PARTITION_ROWS)
         count = max(1, min(count, len(rows)))
         step = math.ceil(len(rows) / count)

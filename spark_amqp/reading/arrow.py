@@ -18,12 +18,15 @@ import decimal
 import itertools
 import json
 import operator
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from ..property_columns import STRING_PROPERTIES
+
+if TYPE_CHECKING:
+    from .projection import Projection
 
 # Queue mode's row, as its I/O thread hands deliveries over (queues.inbox.Delivery is one): session, queue,
 # delivery tag, redelivered, exchange, routing key, properties, body.
@@ -89,6 +92,9 @@ def _jsonable(value: Any) -> Any:
 
 PROPERTY_FIELDS = (*STRING_PROPERTIES, "priority", "delivery_mode", "timestamp", "headers")
 _PROPERTY_GETTER = operator.attrgetter(*PROPERTY_FIELDS)
+# A property row's values: PROPERTY_FIELDS, then raw_header.
+PROPERTY_COLUMNS = (*PROPERTY_FIELDS, "raw_header")
+_PROPERTY_INDEX = {name: i for i, name in enumerate(PROPERTY_COLUMNS)}
 
 
 def _property_rows(props: Sequence[Any]) -> Iterator[tuple[Any, ...]]:
@@ -99,28 +105,58 @@ def _property_rows(props: Sequence[Any]) -> Iterator[tuple[Any, ...]]:
     return ((*_PROPERTY_GETTER(p), None) for p in props)
 
 
-def to_record_batch(rows: Sequence[QueueRow]) -> pa.RecordBatch:
+def to_record_batch(rows: Sequence[QueueRow], projection: Projection | None = None) -> pa.RecordBatch:
+    """Queue mode's batch of every column, or of ``projection``'s (the other columns are not made, and the messages'
+    properties not decoded unless a property column is asked for)."""
     # A row is a tuple: zip transposes the rows in C. Most properties are
     # absent, and an all-null column costs nothing to build.
     _, queues, tags, redelivered, exchanges, keys, props, bodies = zip(*rows, strict=True)
-    columns = [
-        *_routing_arrays(bodies, queues, exchanges, keys),
-        pa.array(tags, pa.int64()),
-        pa.array(redelivered, pa.bool_()),
-        *_property_arrays(props),
-    ]
-    return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+    if projection is None:
+        columns = [
+            *_routing_arrays(bodies, queues, exchanges, keys),
+            pa.array(tags, pa.int64()),
+            pa.array(redelivered, pa.bool_()),
+            *_property_arrays(props),
+        ]
+        return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+    routing = _routing_makers(bodies, queues, exchanges, keys)
+    routing["delivery_tag"] = lambda: pa.array(tags, pa.int64())
+    routing["redelivered"] = lambda: pa.array(redelivered, pa.bool_())
+    return _projected(projection, routing, props)
 
 
-def to_stream_batch(rows: Sequence[tuple[bytes, str, str, str, int, Any]]) -> pa.RecordBatch:
-    """Stream mode: rows of (body, stream, exchange, routing key, offset, properties)."""
+def to_stream_batch(rows: Sequence[tuple[bytes, str, str, str, int, Any]], projection: Projection | None = None) -> pa.RecordBatch:
+    """Stream mode: rows of (body, stream, exchange, routing key, offset, properties), every column or ``projection``'s."""
     bodies, streams, exchanges, keys, offsets, props = zip(*rows, strict=True)
-    columns = [*_routing_arrays(bodies, streams, exchanges, keys), pa.array(offsets, pa.int64()), *_property_arrays(props)]
-    return pa.RecordBatch.from_arrays(columns, schema=STREAM_ARROW_SCHEMA)
+    if projection is None:
+        columns = [*_routing_arrays(bodies, streams, exchanges, keys), pa.array(offsets, pa.int64()), *_property_arrays(props)]
+        return pa.RecordBatch.from_arrays(columns, schema=STREAM_ARROW_SCHEMA)
+    routing = _routing_makers(bodies, streams, exchanges, keys)
+    routing["offset"] = lambda: pa.array(offsets, pa.int64())
+    return _projected(projection, routing, props)
 
 
 def _routing_arrays(bodies: Sequence[bytes], queues: Sequence[str], exchanges: Sequence[str], keys: Sequence[str]) -> list[pa.Array]:
     return [_binary(bodies), pa.array(queues, pa.string()), pa.array(exchanges, pa.string()), pa.array(keys, pa.string())]
+
+
+def _routing_makers(
+    bodies: Sequence[bytes], queues: Sequence[str], exchanges: Sequence[str], keys: Sequence[str]
+) -> dict[str, Callable[[], pa.Array]]:
+    return {
+        "body": lambda: _binary(bodies),
+        "queue": lambda: pa.array(queues, pa.string()),
+        "exchange": lambda: pa.array(exchanges, pa.string()),
+        "routing_key": lambda: pa.array(keys, pa.string()),
+    }
+
+
+def _projected(projection: Projection, routing: dict[str, Callable[[], pa.Array]], props: Sequence[Any]) -> pa.RecordBatch:
+    """The projection's columns, each made only when asked for: the properties only when a property column is."""
+    wanted = projection.properties
+    made = dict(zip(wanted, _property_arrays(props, wanted), strict=True)) if wanted else {}
+    arrays = [made[n] if n in made else routing[n]() for n in projection.names]
+    return pa.RecordBatch.from_arrays(arrays, schema=projection.schema)
 
 
 def _binary(values: Sequence[bytes]) -> pa.Array:
@@ -133,14 +169,15 @@ def _binary(values: Sequence[bytes]) -> pa.Array:
     return pa.Array.from_buffers(pa.binary(), len(values), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
-def _property_arrays(props: Sequence[Any]) -> list[pa.Array]:
+def _property_arrays(props: Sequence[Any], wanted: Sequence[str] = PROPERTY_COLUMNS) -> list[pa.Array]:
+    """The property columns ``wanted`` (by name, in that order) of ``props``."""
     n = len(props)
     same = _shared_properties(props)
     if same is not None:  # every message carries the same properties (often none): decode them once
         rows: Any = [same] if n else []
-        columns = _property_columns(rows, 1)
+        columns = _property_columns(rows, 1, wanted)
         return [c if n == 1 else pa.repeat(c[0], n) if c.null_count == 0 else pa.nulls(n, c.type) for c in columns]
-    return _property_columns(list(_property_rows(props)), n)
+    return _property_columns(list(_property_rows(props)), n, wanted)
 
 
 def _shared_properties(props: Sequence[Any]) -> tuple[Any, ...] | None:
@@ -155,16 +192,9 @@ def _shared_properties(props: Sequence[Any]) -> tuple[Any, ...] | None:
     return values if values[-1] is None else None  # an undecodable header is kept per message, body size and all
 
 
-def _property_columns(rows: Sequence[tuple[Any, ...]], n: int) -> list[pa.Array]:
-    *strings, priorities, modes, timestamps, headers, raw_headers = zip(*rows, strict=True)
-    return [
-        *[_column(values, pa.string(), n) for values in strings],
-        _column(priorities, pa.int32(), n),
-        _column(modes, pa.int32(), n),
-        _timestamps(timestamps, n),
-        _headers(headers, n),
-        _column(raw_headers, pa.binary(), n),
-    ]
+def _property_columns(rows: Sequence[tuple[Any, ...]], n: int, wanted: Sequence[str]) -> list[pa.Array]:
+    values = list(zip(*rows, strict=True))
+    return [_PROPERTY_MAKERS[name](values[_PROPERTY_INDEX[name]], n) for name in wanted]
 
 
 def _column(values: Sequence[Any], kind: pa.DataType, n: int) -> pa.Array:
@@ -201,9 +231,19 @@ def _headers(values: Sequence[dict[str, Any] | None], n: int) -> pa.Array:
     return pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(keys, pa.string()), pa.array(items, pa.string()))
 
 
+_PROPERTY_MAKERS: dict[str, Callable[[Sequence[Any], int], pa.Array]] = {
+    **{p: lambda values, n: _column(values, pa.string(), n) for p in STRING_PROPERTIES},
+    "priority": lambda values, n: _column(values, pa.int32(), n),
+    "delivery_mode": lambda values, n: _column(values, pa.int32(), n),
+    "timestamp": _timestamps,
+    "headers": _headers,
+    "raw_header": lambda values, n: _column(values, pa.binary(), n),
+}
+
+
 def to_ipc(batch: pa.RecordBatch) -> bytes:
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, ARROW_SCHEMA) as writer:
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
         writer.write_batch(batch)
     return bytes(sink.getvalue().to_pybytes())
 

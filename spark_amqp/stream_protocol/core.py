@@ -21,7 +21,8 @@ from .rows import Conversion
 __all__ = ["ABI", "CORE", "MISSING", "PATH", "PURE_PYTHON", "builder"]
 
 # What this module expects of spark_amqp_core.Builder (core/src/python.rs says the same): another core is not used.
-ABI = 1
+# 2: Builder takes the columns to make, and finish gives None for the others.
+ABI = 2
 # Set to 1 (any value but empty or 0) to run the pure-Python path where the core is installed.
 PURE_PYTHON = "SPARK_AMQP_PURE_PYTHON"
 
@@ -54,10 +55,13 @@ MISSING = (
 )
 
 
-def builder(stream: str, conversion: Conversion, filter_values: Iterable[str] | None, match_unfiltered: bool) -> Any:
+def builder(
+    stream: str, conversion: Conversion, filter_values: Iterable[str] | None, match_unfiltered: bool, columns: Iterable[str] | None = None
+) -> Any:
     """A core ``Builder`` for one stream's chunks, or None where the pure-Python path makes every row (no core, or
-    RabbitMQ 3.x's conversion, which only Python has)."""
+    RabbitMQ 3.x's conversion, which only Python has). ``columns``: those to make (None: all), as ``RowMaker``'s."""
     if CORE is None or conversion.legacy:
         return None
     values = None if filter_values is None else sorted(filter_values)
-    return CORE.Builder(stream, conversion.headerless_durable, conversion.address_reply_to, values, match_unfiltered)
+    made = None if columns is None else [c for c in columns if c != "raw_header"]  # always null here: Python's to make
+    return CORE.Builder(stream, conversion.headerless_durable, conversion.address_reply_to, values, match_unfiltered, made)

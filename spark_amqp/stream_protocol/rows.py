@@ -20,6 +20,10 @@ address, which it converts back.
 
 A record that is not AMQP 1.0 (rstream's binary mode) becomes its bytes as ``body`` and
 nulls elsewhere: RabbitMQ cannot convert it for AMQP 0-9-1 at all (541).
+
+A query that asks for some columns only (``reading.projection``) has only those computed: one that asks for nothing
+held in the sections before the body (body, queue, offset) has each record split at its body by the sections' sizes,
+none of them decoded, so a message whose properties cannot be decoded still reads.
 """
 
 from __future__ import annotations
@@ -27,11 +31,13 @@ from __future__ import annotations
 import datetime
 import struct
 import urllib.parse
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
 from .. import amqp10
 from ..amqp10.types import Described, Opaque, Timestamp
+from ..property_columns import INT_PROPERTIES, STRING_PROPERTIES
 
 __all__ = ["STANDARD", "Conversion", "RowMaker", "StreamProperties", "split"]
 
@@ -134,23 +140,30 @@ class StreamProperties:
 
 
 _NOT_AMQP10 = StreamProperties(b"-", _NONE)
+_NOT_DECODED = StreamProperties(b"", _NONE)  # nothing asked for is in the sections before the body
+# What the sections before a body fill; raw_header is an AMQP 0-9-1 reader's only.
+_SECTION_COLUMNS = frozenset({"exchange", "routing_key", *STRING_PROPERTIES, *INT_PROPERTIES, "timestamp", "headers"})
 
 
 class RowMaker:
     """Rows of one stream's records. Records whose sections before the body are the same bytes (a
     publisher that sets the same properties on each message) are decoded once: the last
-    ``CACHE`` distinct ones are kept."""
+    ``CACHE`` distinct ones are kept. ``columns``: those to compute (None: all); the others are None."""
 
     CACHE = 1024
 
-    def __init__(self, stream: str, conversion: Conversion) -> None:
+    def __init__(self, stream: str, conversion: Conversion, columns: Collection[str] | None = None) -> None:
         self.stream = stream
         self.conversion = conversion
+        self._wanted = None if columns is None else frozenset(columns)
+        self._decodes = self._wanted is None or bool(self._wanted & _SECTION_COLUMNS)
         self._known: dict[bytes, tuple[str, str, StreamProperties]] = {}
         self._last: tuple[bytes, tuple[str, str, StreamProperties]] | None = None
 
     def row(self, record: bytes, offset: int) -> tuple[bytes, str, str, str, int, Any]:
         """(body, stream, exchange, routing key, offset, properties): the tuple ``arrow.to_stream_batch`` takes."""
+        if not self._decodes:
+            return self._body_row(record, offset)
         last = self._last
         if last is not None and record.startswith(last[0]):
             # Most records of a chunk share the previous one's sections before the body: then only the
@@ -178,11 +191,22 @@ class RowMaker:
         self._last = (prefix, known)
         return (body, self.stream, known[0], known[1], offset, known[2])
 
+    def _body_row(self, record: bytes, offset: int) -> tuple[bytes, str, str, str, int, Any]:
+        """A row of no column from the sections before the body: the body found by the sections' sizes (``split``),
+        nothing decoded but where that cannot find it."""
+        if not amqp10.is_amqp10(record):
+            return (record, self.stream, None, None, offset, _NOT_AMQP10)  # type: ignore[return-value]
+        body = split(record)[1]
+        if body is None:  # several data sections, an amqp-value body, a section not sized so: decode it whole
+            parts = amqp10.sections(record)
+            body = parts.body if parts.body is not None else _value_body(parts.value)
+        return (body, self.stream, None, None, offset, _NOT_DECODED)  # type: ignore[return-value]
+
     def _decode(self, prefix: bytes, parts: amqp10.Sections) -> tuple[str, str, StreamProperties]:
         """The routing and property columns of ``parts``, the sections of ``prefix`` (and perhaps a body)."""
         ann = parts.annotations
         # Even no sections at all convert to something: 4.0 reads a message without a header as persistent.
-        columns = _columns(parts, self.conversion)
+        columns = _columns(parts, self.conversion, self._wanted)
         header = parts.header
         # first-acquirer counts only when sent as false: ActiveMQ Artemis leaves it out (false, by the standard) on first
         # deliveries too, and marks a message that came back with delivery-count alone; RabbitMQ sends true, then false.
@@ -203,7 +227,9 @@ def _value_body(value: Any) -> bytes:
     return str(value).encode("utf-8")
 
 
-def _columns(parts: amqp10.Sections, conv: Conversion) -> tuple[Any, ...]:
+def _columns(parts: amqp10.Sections, conv: Conversion, wanted: frozenset[str] | None) -> tuple[Any, ...]:
+    """The property columns' values; those that can fail to convert (a timestamp, the headers) only when ``wanted``
+    (None: all), so that a value no query asked for never fails a read."""
     p = parts.property
     ann = parts.annotations
     apps = dict(parts.application_properties)
@@ -230,7 +256,9 @@ def _columns(parts: amqp10.Sections, conv: Conversion) -> tuple[Any, ...]:
     reply_to = p("reply_to")
     if conv.address_reply_to and isinstance(reply_to, str) and reply_to.startswith("/queues/"):
         reply_to = urllib.parse.unquote(reply_to[len("/queues/") :])
-    created = p("creation_time")
+    created = p("creation_time") if wanted is None or "timestamp" in wanted else None
+    if wanted is not None and "headers" not in wanted:
+        headers = apps = {}
     return (
         _text(p("message_id")),
         _text(p("correlation_id")),

@@ -10,11 +10,14 @@ of record batches in offset order, which concatenated equal the one batch the Py
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
 
+from ..property_columns import INT_PROPERTIES, STRING_PROPERTIES
 from ..reading import arrow
+from ..reading.projection import Projection
 from ..stream_protocol import core
 
 __all__ = ["HeldRows", "log_rows_path", "rows_path"]
@@ -22,18 +25,19 @@ __all__ = ["HeldRows", "log_rows_path", "rows_path"]
 Row = tuple[bytes, str, str, str, int, Any]
 
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
-_STRING_PROPERTIES = 9  # message_id ... expiration (property_columns.STRING_PROPERTIES)
 
 
 class HeldRows:
-    """Row tuples and the core's builder's rows, in order; ``len`` counts both."""
+    """Row tuples and the core's builder's rows, in order; ``len`` counts both. ``columns``: what the batches hold
+    (None: every column)."""
 
-    __slots__ = ("_builder", "_count", "_parts")
+    __slots__ = ("_builder", "_columns", "_count", "_parts")
 
-    def __init__(self) -> None:
+    def __init__(self, columns: Projection | None = None) -> None:
         self._parts: list[list[Row] | pa.RecordBatch] = []  # before the builder's rows
         self._count = 0  # rows in _parts
         self._builder: Any = None
+        self._columns = columns
 
     def __len__(self) -> int:
         return self._count + (self._builder.rows if self._builder is not None else 0)
@@ -66,41 +70,35 @@ class HeldRows:
         """Every row held, as record batches in offset order, and nothing held after."""
         self._seal()
         parts, self._parts, self._count = self._parts, [], 0
-        return [arrow.to_stream_batch(p) if isinstance(p, list) else p for p in parts]
+        return [arrow.to_stream_batch(p, self._columns) if isinstance(p, list) else p for p in parts]
 
     def _seal(self) -> None:
         """The builder's rows into a batch of their own, so that whatever comes next comes after them."""
         if self._builder is not None and self._builder.rows:
-            batch = to_batch(self._builder.finish())
+            batch = to_batch(self._builder.finish(), self._columns)
             self._parts.append(batch)
             self._count += batch.num_rows
 
 
-def to_batch(parts: tuple[Any, ...]) -> pa.RecordBatch:
-    """``Builder.finish``'s buffers (core/src/python.rs) as a STREAM_ARROW_SCHEMA batch: the buffers become the
-    arrays' own (``pa.Array.from_buffers``), nothing is converted value by value."""
-    n, body, queue, exchange, key, offsets, *rest = parts
-    props, (priority, mode, timestamp, headers) = rest[:_STRING_PROPERTIES], rest[_STRING_PROPERTIES:]
+def to_batch(parts: tuple[Any, ...], columns: Projection | None = None) -> pa.RecordBatch:
+    """``Builder.finish``'s buffers (core/src/python.rs) as a STREAM_ARROW_SCHEMA batch, or one of ``columns``: the
+    buffers become the arrays' own (``pa.Array.from_buffers``), nothing is converted value by value. The core gives
+    None for a column it did not make."""
+    n, *buffers = parts
+    made = dict(zip(_CORE_COLUMNS, buffers, strict=True))
+    names = arrow.STREAM_ARROW_SCHEMA.names if columns is None else columns.names
+    arrays = [pa.nulls(n, pa.binary()) if name == "raw_header" else _ARRAYS[name](n, made[name]) for name in names]
+    return pa.RecordBatch.from_arrays(arrays, schema=arrow.STREAM_ARROW_SCHEMA if columns is None else columns.schema)
+
+
+def _headers(n: int, headers: tuple[Any, ...]) -> pa.Array:
     valid, nulls, map_offsets, keys, values = headers
     entries = len(keys[2]) // 4 - 1  # i32 offsets, one more than the entries
     pairs = pa.StructArray.from_arrays(
         [_variable(pa.string(), entries, keys), _variable(pa.string(), entries, values)],
         fields=[arrow.HEADERS_TYPE.key_field, arrow.HEADERS_TYPE.item_field],
     )
-    columns = [
-        _variable(pa.binary(), n, body),
-        _variable(pa.string(), n, queue),
-        _variable(pa.string(), n, exchange),
-        _variable(pa.string(), n, key),
-        pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(offsets)], 0),
-        *[_variable(pa.string(), n, p) for p in props],
-        _fixed(pa.int32(), n, priority),
-        _fixed(pa.int32(), n, mode),
-        _fixed(_TIMESTAMP, n, timestamp),
-        pa.Array.from_buffers(arrow.HEADERS_TYPE, n, [_buffer(valid), pa.py_buffer(map_offsets)], nulls, children=[pairs]),
-        pa.nulls(n, pa.binary()),  # raw_header: an AMQP 0-9-1 reader's only
-    ]
-    return pa.RecordBatch.from_arrays(columns, schema=arrow.STREAM_ARROW_SCHEMA)
+    return pa.Array.from_buffers(arrow.HEADERS_TYPE, n, [_buffer(valid), pa.py_buffer(map_offsets)], nulls, children=[pairs])
 
 
 def _buffer(data: bytes | None) -> pa.Buffer | None:
@@ -115,6 +113,19 @@ def _variable(kind: pa.DataType, n: int, column: tuple[Any, ...]) -> pa.Array:
 def _fixed(kind: pa.DataType, n: int, column: tuple[Any, ...]) -> pa.Array:
     valid, nulls, values = column
     return pa.Array.from_buffers(kind, n, [_buffer(valid), pa.py_buffer(values)], nulls)
+
+
+# What Builder.finish gives after the row count, in STREAM_ARROW_SCHEMA's order (raw_header, always null, left out).
+_CORE_COLUMNS = ("body", "queue", "exchange", "routing_key", "offset", *STRING_PROPERTIES, *INT_PROPERTIES, "timestamp", "headers")
+_ARRAYS: dict[str, Callable[[int, Any], pa.Array]] = {
+    "body": lambda n, c: _variable(pa.binary(), n, c),
+    **{name: (lambda n, c: _variable(pa.string(), n, c)) for name in ("queue", "exchange", "routing_key", *STRING_PROPERTIES)},
+    "offset": lambda n, c: pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(c)], 0),
+    "priority": lambda n, c: _fixed(pa.int32(), n, c),
+    "delivery_mode": lambda n, c: _fixed(pa.int32(), n, c),
+    "timestamp": lambda n, c: _fixed(_TIMESTAMP, n, c),
+    "headers": _headers,
+}
 
 
 def rows_path(stream_protocol: bool = True) -> str:

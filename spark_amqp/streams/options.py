@@ -12,15 +12,19 @@ import dataclasses
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import AmqpOptionError
 from ..option_reader import OptionReader, keyed
 from ..rabbitmq import MAX_PREFETCH
+from ..reading.projection import Projection, projection
 from ..reading.trigger import TRIGGER_KEYS, TriggerOptions, parse_trigger
 from ..transport.options import CONNECTION_KEYS, ConnectionOptions, parse_connection
 from . import expression_filters
 from .expression_filters import NO_EXPRESSION, ExpressionFilter
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
 
 __all__ = ["STARTS", "At", "End", "Start", "StreamSourceOptions", "is_stream_mode", "parse_stream_options"]
 
@@ -100,6 +104,8 @@ class StreamSourceOptions:
     match_unfiltered: bool = False
     # filter expressions RabbitMQ evaluates for AMQP 1.0 consumers (4.1+: properties, 4.2+: SQL)
     expression: ExpressionFilter = NO_EXPRESSION
+    # the columns the query's schema asks for (``.schema(...)``); None: every column
+    columns: Projection | None = None
 
     def start_of(self, stream: str) -> Start:
         return dict(self.starting).get(stream, self.starting_all)
@@ -112,12 +118,18 @@ class StreamSourceOptions:
         """Whether an ending option was given (a batch read's; a streaming query refuses them)."""
         return bool(self.ending) or self.ending_all is not None
 
+    @property
+    def made(self) -> tuple[str, ...] | None:
+        """The columns a range reader makes (None: every column): those asked for, and what the row filter reads."""
+        return None if self.columns is None else self.columns.made(bool(self.filter))
+
 
 def is_stream_mode(options: Mapping[str, str]) -> bool:
     return any(k.lower() in ("stream", "superstream") for k in options)
 
 
-def parse_stream_options(options: Mapping[str, str]) -> StreamSourceOptions:
+def parse_stream_options(options: Mapping[str, str], schema: StructType | None = None) -> StreamSourceOptions:
+    """The options, checked, and the columns ``schema`` (the reader's, if the query gave one) asks for."""
     for key in options:
         if key.lower() in QUEUE_ONLY:
             raise AmqpOptionError(f"option '{key}' does not apply to streams: {QUEUE_ONLY[key.lower()]}")
@@ -151,6 +163,7 @@ def parse_stream_options(options: Mapping[str, str]) -> StreamSourceOptions:
         filter=_filter(r),
         match_unfiltered=r.boolean("filterMatchUnfiltered", False),
         expression=expression_filters.parse(r, connection),
+        columns=projection(schema, "stream"),
     )
 
 

@@ -54,7 +54,7 @@ class RangeReader:
         self.access = access_for(options.connection)
         self.next_offset = part.start  # the first offset not yet read
         self.done = part.size <= 0
-        self.rows = HeldRows()  # row tuples, and the compiled core's columns (range_over_protocol)
+        self.rows = HeldRows(options.columns)  # row tuples, and the compiled core's columns (range_over_protocol)
         self.client: Any = None
         self.subscribed = False
         self.failure: BaseException | None = None

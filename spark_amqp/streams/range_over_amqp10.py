@@ -59,7 +59,7 @@ class Amqp10RangeReader(AmqpRangeReader):
                 f"stream mode over AMQP 1.0 reads RabbitMQ streams (x-stream-offset), which {product} does not have: read a "
                 "queue with option 'queue'"
             )
-        self.rows_of = RowMaker(self.part.stream, Conversion.of(link_client.server_version))
+        self.rows_of = RowMaker(self.part.stream, Conversion.of(link_client.server_version), self.options.made)
         # A classic or quorum queue would hand its messages over (and take them back redelivered): ask first.
         kind = (await queue_info(link_client, self.part.stream)).get("type")
         if kind != "stream":

@@ -64,10 +64,11 @@ class ProtocolRangeReader(RangeReader):
         client.on_metadata_update = self._on_metadata_update
         client.closed.add_done_callback(lambda closed: self._on_closed(client, closed))
         conversion = Conversion.of(client.server_version)
-        self.maker = RowMaker(self.part.stream, conversion)
+        made = self.options.made  # the columns the query asks for (and what the row filter reads): no others are decoded
+        self.maker = RowMaker(self.part.stream, conversion, made)
         f = self.row_filter
         values, unfiltered = (None, False) if f is None else (f.values, f.match_unfiltered)
-        self.rows.use(core.builder(self.part.stream, conversion, values, unfiltered))
+        self.rows.use(core.builder(self.part.stream, conversion, values, unfiltered, made))
         await self.access.require(client, self.options)
 
     async def _subscribe(self) -> None:

@@ -7,16 +7,20 @@ from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
+from pyspark.sql.types import StructType
 
 from spark_amqp.queues.options import parse_source_options
+from spark_amqp.queues.reader import QueueBatchPartition, QueueReader
 from spark_amqp.queues.runtime import SourceRuntime
-from spark_amqp.reading import arrow
 
 
 class MicroBatchDriver:
-    def __init__(self, url: str, queue: str, **options: Any) -> None:
+    def __init__(self, url: str, queue: str, schema: StructType | None = None, **options: Any) -> None:
+        """``schema``: the reader's (some columns), as a query's ``.schema(...)``."""
         opts = {"uri": url, "queue": queue, **{k: str(v) for k, v in options.items()}}
-        self.runtime = SourceRuntime(parse_source_options(opts))
+        parsed = parse_source_options(opts, schema)
+        self.runtime = SourceRuntime(parsed)
+        self.reader = QueueReader(parsed)  # read(), as an executor runs it
         self.start = self.runtime.last_end.to_json()
         self.rows: list[dict[str, Any]] = []
         self.batches = 0
@@ -36,8 +40,8 @@ class MicroBatchDriver:
         if commit_previous:
             self.runtime.commit(start)
         rows: list[dict[str, Any]] = []
-        for data in self.runtime.partitions(start, end):
-            for batch in arrow.from_ipc(data):
+        for i, data in enumerate(self.runtime.partitions(start, end)):
+            for batch in self.reader.read(QueueBatchPartition(i, data)):
                 rows.extend(pa.Table.from_batches([batch]).to_pylist())
         self.rows.extend(rows)
         self.start = end

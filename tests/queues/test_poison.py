@@ -111,3 +111,41 @@ def test_undecodable_properties_become_nulls_with_the_raw_header_kept(amqp_url: 
         d.idle_until(lambda: counts(amqp_url, q, embedded_or_none) == (0, 0), timeout=20)
     finally:
         d.close()
+
+
+def _poison(url: str, queue: str) -> None:
+    _publish_raw(
+        url,
+        queue,
+        [
+            _header(MESSAGE_ID | TIMESTAMP, _shortstr("ts-huge") + struct.pack(">Q", HUGE), 1),
+            _header(MESSAGE_ID, _shortstr(b"\xff\xfe"), 1),
+            header.ContentHeader(0, 1, commands.Basic.Properties(message_id="plain")).marshal(),
+        ],
+    )
+
+
+def test_a_read_of_body_and_delivery_tag_decodes_no_property(amqp_url: str, names, embedded_or_none, monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """.schema("body BINARY, delivery_tag BIGINT"): no message's content header is decoded (a full read keeps the raw header
+    of the first two, above), and the batches hold those columns only. With a journal, whose whole rows a restarted query
+    replays whatever its columns, the message ids are read for the copies' fingerprints; the batches are the same."""
+    from pyspark.sql.types import BinaryType, LongType, StructField, StructType
+
+    from spark_amqp.client import properties
+
+    decoded: list[bytes] = []
+    real = properties.decode_properties
+    monkeypatch.setattr(properties, "decode_properties", lambda plist: decoded.append(plist) or real(plist))
+    asked = StructType([StructField("body", BinaryType()), StructField("Delivery_Tag", LongType(), False)])
+    for journal in (None, tmp_path / "journal"):
+        q = names.queue()
+        _poison(amqp_url, q)
+        extra = {} if journal is None else {"journalLocation": str(journal)}
+        d = MicroBatchDriver(amqp_url, q, asked, connectionTimeout=30, **extra)
+        try:
+            rows = d.drain(3, timeout=20)
+            assert rows == [{"body": b"b", "Delivery_Tag": tag} for tag in (1, 2, 3)], journal
+            assert bool(decoded) == (journal is not None), decoded
+            d.idle_until(lambda q=q: counts(amqp_url, q, embedded_or_none) == (0, 0), timeout=20)
+        finally:
+            d.close()

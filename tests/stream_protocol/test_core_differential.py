@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from spark_amqp.amqp10.types import Described, Opaque, Symbol, Timestamp, UInt, encode
 from spark_amqp.reading import arrow
+from spark_amqp.reading.projection import Projection
 from spark_amqp.stream_protocol import chunks, core
 from spark_amqp.stream_protocol.rows import Conversion, RowMaker
 from spark_amqp.streams.filtering import RowFilter
@@ -191,27 +192,37 @@ def damaged(draw: st.DrawFn, chunk: bytes) -> bytes:
     return bytes(out)
 
 
-def python_table(chunk: bytes, conv: Conversion, skip: int, stop: int, row_filter: RowFilter | None) -> pa.Table | BaseException:
+def python_table(
+    chunk: bytes, conv: Conversion, skip: int, stop: int, row_filter: RowFilter | None, columns: Projection | None = None
+) -> pa.Table | BaseException:
     """What range_over_protocol's Python path makes of the chunk's records ``skip..stop``, or the error it meets."""
     try:
         h = chunks.read_header(chunk)
         recs = chunks.records(chunk, h)
-        maker = RowMaker("s", conv)
+        maker = RowMaker("s", conv, None if columns is None else columns.made(row_filter is not None))
         rows = [maker.row(recs[i], h.first_offset + i) for i in range(skip, min(stop, len(recs)))]
         if row_filter is not None:
             rows = [r for r in rows if row_filter.keeps(r[5])]
-        return pa.Table.from_batches([arrow.to_stream_batch(rows)]) if rows else SCHEMA.empty_table()
+        schema = SCHEMA if columns is None else columns.schema
+        return pa.Table.from_batches([arrow.to_stream_batch(rows, columns)]) if rows else schema.empty_table()
     except Exception as err:  # the Python path refuses the chunk: the core must have left it to Python
         return err
 
 
-def core_table(builder: Any) -> pa.Table:
-    batch = to_batch(builder.finish())
+def core_table(builder: Any, columns: Projection | None = None) -> pa.Table:
+    batch = to_batch(builder.finish(), columns)
     batch.validate(full=True)
     return pa.Table.from_batches([batch])
 
 
 filters = st.one_of(st.none(), st.tuples(st.sets(st.sampled_from(FILTER_VALUES), min_size=1), st.booleans()))
+# A query's .schema(): some of the columns, in any order (none: every column); body + offset often, the case that
+# decodes nothing before the body.
+projections = st.one_of(
+    st.none(),
+    st.just(("body", "offset")),
+    st.lists(st.sampled_from(SCHEMA.names), min_size=1, max_size=6, unique=True).map(tuple),
+).map(lambda names: None if names is None else Projection("stream", names, names, (False,) * len(names)))
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
@@ -221,25 +232,33 @@ filters = st.one_of(st.none(), st.tuples(st.sets(st.sampled_from(FILTER_VALUES),
     st.sampled_from([0, 0, 0, 1, 2]),
     st.sampled_from([1, 1, 2, 3, 4, 0, 1 << 40]),
     filters,
+    projections,
     st.data(),
 )
 def test_the_core_makes_the_rows_python_makes(
-    recs_first: tuple[list[bytes], int], version: tuple[int, int], skip: int, span: int, kept: Any, data: st.DataObject
+    recs_first: tuple[list[bytes], int],
+    version: tuple[int, int],
+    skip: int,
+    span: int,
+    kept: Any,
+    columns: Projection | None,
+    data: st.DataObject,
 ) -> None:
     recs, first = recs_first
     chunk = data.draw(damaged(chunks.build(first, recs, 1_700_000_000_000)))
     conv = Conversion.of(version)
     row_filter = None if kept is None else RowFilter(tuple(kept[0]), kept[1])
-    builder = core.builder("s", conv, None if kept is None else kept[0], bool(kept and kept[1]))
+    made = None if columns is None else columns.made(kept is not None)
+    builder = core.builder("s", conv, None if kept is None else kept[0], bool(kept and kept[1]), made)
     stop = skip + span
     if builder.add(chunk, skip, stop) is None:
         event(f"left to Python: {builder.fallback}")
         assert builder.rows == 0
         return
-    event("taken by the core")
-    want = python_table(chunk, conv, skip, stop, row_filter)
+    event("taken by the core" + (" (some columns)" if columns else ""))
+    want = python_table(chunk, conv, skip, stop, row_filter, columns)
     assert isinstance(want, pa.Table), f"the core took a chunk the Python path refuses: {want!r}"
-    got = core_table(builder)
+    got = core_table(builder, columns)
     assert got.schema.equals(want.schema) and got.equals(want), (got.to_pylist(), want.to_pylist())
 
 

@@ -12,6 +12,7 @@ import uuid
 import pika
 import pyarrow as pa
 import pytest
+from pyspark.sql.types import StructType
 
 from spark_amqp.errors import AmqpSourceError
 from spark_amqp.sink.options import parse_sink_options
@@ -105,11 +106,12 @@ def stream_port(url: str) -> dict[str, str]:
     return {"streamPort": str(port)} if port else {}
 
 
-def options(url: str, stream: str, **extra: str) -> StreamSourceOptions:
+def options(url: str, stream: str, schema: StructType | None = None, **extra: str) -> StreamSourceOptions:
+    """Options to read ``stream`` over the protocol the test runs over; ``schema``: the reader's (some columns)."""
     over = {} if READ_OVER[0] == "stream-protocol" else stream_port(url)
     if READ_OVER[0] == "amqp1.0":
         over["protocol"] = "amqp1.0"
-    return parse_stream_options({"uri": reading_url(url), "stream": stream, "connectionTimeout": "20", **over, **extra})
+    return parse_stream_options({"uri": reading_url(url), "stream": stream, "connectionTimeout": "20", **over, **extra}, schema)
 
 
 def offsets_and_ids(opts: StreamSourceOptions, part: StreamRange, batch_rows: int = 10_000) -> list[tuple[int, str]]:
