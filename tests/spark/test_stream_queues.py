@@ -182,6 +182,33 @@ def test_spark_read_of_a_stream_reads_its_bounds_and_refuses_a_queue(spark, amqp
 
 
 @pytest.mark.pinned  # nothing here differs between PySpark lines (CI time)
+def test_a_schema_of_some_columns_reads_only_those_and_a_bad_one_fails_naming_the_column(spark, shared_embedded, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """.schema("body BINARY, offset BIGINT"): a batch read and a streaming query get those two columns (what reaches
+    Spark is checked against the declared schema by PySpark too). A schema that is not a subset fails the read naming
+    the column: Spark calls no Python at load() when a schema is given, so at the first action, or the query's start."""
+    url, s = shared_embedded.url, f"cols-{uuid.uuid4().hex[:10]}"
+    declare_stream(url, s)
+    publish(url, s, 0, 300)
+    asked = "body BINARY, offset BIGINT"
+    df = spark.read.format("amqp").schema(asked).option("uri", url).option("stream", s).option("numPartitions", "2").load()
+    assert df.columns == ["body", "offset"]
+    assert sorted((r["offset"], r["body"]) for r in df.collect()) == [(i, f"b{i}".encode()) for i in range(300)]
+    out = tmp_path / "out"
+    stream = spark.readStream.format("amqp").schema(asked).option("uri", url).option("stream", s).load()
+    query = stream.writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(tmp_path / "c"))
+    query = query.trigger(availableNow=True).start()
+    assert query.awaitTermination(120) and query.exception() is None
+    written = pa.concat_tables([pq.read_table(f) for f in glob.glob(f"{out}/*.parquet")])
+    assert written.column_names == ["body", "offset"] and sorted(written.column("offset").to_pylist()) == list(range(300))
+    with pytest.raises(Exception, match=r"column 'offset' must be BIGINT .*not INT"):
+        spark.read.format("amqp").schema("body BINARY, offset INT").option("uri", url).option("stream", s).load().collect()
+    bad = spark.readStream.format("amqp").schema("body BINARY, msg_id STRING").option("uri", url).option("stream", s).load()
+    failed = bad.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "bad")).trigger(availableNow=True).start()
+    with pytest.raises(Exception, match=r"column 'msg_id' is not a column of this source. A stream's columns"):
+        failed.awaitTermination(120)
+
+
+@pytest.mark.pinned  # nothing here differs between PySpark lines (CI time)
 def test_a_super_stream_written_by_key_and_read_back_filtered(spark, amqp_url: str, names) -> None:  # type: ignore[no-untyped-def]
     name = names.queue("orders")
     for i in range(3):
