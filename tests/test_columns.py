@@ -19,6 +19,7 @@ from pyspark.sql.types import (
     StringType,
     StructField,
     StructType,
+    TimestampNTZType,
     TimestampType,
 )
 
@@ -71,6 +72,7 @@ def test_the_source_s_own_schema_or_none_is_every_column() -> None:
             "column 'offset' must be BIGINT .*not INT: declare it `offset BIGINT`",
         ),
         ("stream", [("timestamp", LongType())], "column 'timestamp' must be TIMESTAMP .*not BIGINT"),
+        ("stream", [("timestamp", TimestampNTZType())], "not TIMESTAMP_NTZ: declare it `timestamp TIMESTAMP_LTZ`"),
         ("queue", [("headers", MapType(StringType(), StringType(), False))], "column 'headers' must be MAP<STRING,STRING>"),
         ("queue", [("body", StringType())], "column 'body' must be BINARY .*not STRING"),
         (

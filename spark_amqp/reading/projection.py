@@ -90,9 +90,11 @@ def projection(schema: StructType | None, mode: str) -> Projection | None:
         seen[name] = field.name
         want = _spark_type(source.field(name).type)
         if field.dataType != want:
+            # Where spark.sql.timestampType is TIMESTAMP_NTZ, TIMESTAMP means that: TIMESTAMP_LTZ is the source's either way.
+            ddl = "TIMESTAMP_LTZ" if field.dataType.typeName() == "timestamp_ntz" else _ddl(want)
             raise AmqpOptionError(
                 f"schema: column '{field.name}' must be {_ddl(want)} (what the source makes of it), not {_ddl(field.dataType)}: "
-                f"declare it `{field.name} {_ddl(want)}` and cast it after load() for another type"
+                f"declare it `{field.name} {ddl}` and cast it after load() for another type"
             )
         if not field.nullable and name not in NEVER_NULL:
             raise AmqpOptionError(
