@@ -32,9 +32,10 @@ if TYPE_CHECKING:
 # delivery tag, redelivered, exchange, routing key, properties, body.
 QueueRow = tuple[str, str, int, bool, str, str, Any, bytes]
 
+# TIMESTAMP_LTZ, not TIMESTAMP: a session whose spark.sql.timestampType is TIMESTAMP_NTZ reads TIMESTAMP as that.
 _PROPERTIES_DDL = (
     ", ".join(f"{p} STRING" for p in STRING_PROPERTIES)
-    + ", priority INT, delivery_mode INT, timestamp TIMESTAMP, headers MAP<STRING, STRING>, raw_header BINARY"
+    + ", priority INT, delivery_mode INT, timestamp TIMESTAMP_LTZ, headers MAP<STRING, STRING>, raw_header BINARY"
 )
 SCHEMA_DDL = "body BINARY, queue STRING, exchange STRING, routing_key STRING, delivery_tag BIGINT, redelivered BOOLEAN, " + _PROPERTIES_DDL
 # Stream mode: a stream position instead of a delivery tag, and no redeliveries.

@@ -202,6 +202,13 @@ def test_a_schema_of_some_columns_reads_only_those_and_a_bad_one_fails_naming_th
     assert written.column_names == ["body", "offset"] and sorted(written.column("offset").to_pylist()) == list(range(300))
     with pytest.raises(Exception, match=r"column 'offset' must be BIGINT .*not INT"):
         spark.read.format("amqp").schema("body BINARY, offset INT").option("uri", url).option("stream", s).load().collect()
+    # The source's own schema says TIMESTAMP_LTZ: a session that reads TIMESTAMP as TIMESTAMP_NTZ still reads every column.
+    spark.conf.set("spark.sql.timestampType", "TIMESTAMP_NTZ")
+    try:
+        everything = spark.read.format("amqp").option("uri", url).option("stream", s).load()
+        assert dict(everything.dtypes)["timestamp"] == "timestamp" and everything.count() == 300
+    finally:
+        spark.conf.unset("spark.sql.timestampType")
     bad = spark.readStream.format("amqp").schema("body BINARY, msg_id STRING").option("uri", url).option("stream", s).load()
     failed = bad.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "bad")).trigger(availableNow=True).start()
     with pytest.raises(Exception, match=r"column 'msg_id' is not a column of this source. A stream's columns"):
