@@ -1,12 +1,14 @@
 //! spark-amqp's compiled core: RabbitMQ stream chunks to the source's Arrow columns.
 //!
-//! `amqp` (AMQP 1.0 values), `decode` (chunks to columns) and `render` (values as text) are the decoder, free of
-//! Python (what `cargo test` and cargo fuzz build); `python` is the pyo3 module `spark_amqp_core._core` over it. All
-//! of it is safe code. Python keeps the API and the Arrow schema: it calls `Builder.add`
-//! for each chunk and turns what `Builder.finish` returns into pyarrow arrays (spark_amqp/streams/held.py).
+//! `amqp` (AMQP 1.0 values), `columns` (what is built, and the mask of the columns a query asks for), `decode` (chunks
+//! to columns) and `render` (values as text) are the decoder, free of Python (what `cargo test` and cargo fuzz build);
+//! `python` is the pyo3 module `spark_amqp_core._core` over it. All of it is safe code. Python keeps the API and the
+//! Arrow schema: it calls `Builder.add` for each chunk and turns what `Builder.finish` returns into pyarrow arrays
+//! (spark_amqp/streams/held.py).
 #![forbid(unsafe_code)]
 
 pub mod amqp;
+pub mod columns;
 pub mod decode;
 pub mod render;
 
