@@ -57,7 +57,7 @@ class _LateJump(RangeReader):
 @pytest.mark.parametrize("fail_on_data_loss", [True, False], ids=["fail", "skip"])
 def test_a_jump_in_the_callbacks_that_end_the_range_is_still_checked(monkeypatch, caplog, fail_on_data_loss: bool) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setattr(range_reader, "AmqpRangeReader", _LateJump)
-    monkeypatch.setattr(arrow, "to_stream_batch", lambda rows: [r[4] for r in rows])  # a "batch" is its offsets
+    monkeypatch.setattr(arrow, "to_stream_batch", lambda rows, *_: [r[4] for r in rows])  # a "batch" is its offsets
     opts = parse_stream_options(
         {"uri": "amqp://guest:guest@127.0.0.1:1/%2F", "stream": "s", "failOnDataLoss": str(fail_on_data_loss).lower()}
     )
