@@ -1,4 +1,5 @@
-"""The compiled core against the pure-Python path: CPU a message to make Arrow rows of stream chunks, without Spark.
+"""The compiled core against the pure-Python path: CPU a message to make Arrow rows of stream chunks, without Spark,
+for every column and for a query's ``.schema("body BINARY, offset BIGINT")`` (no property decoded).
 
     .venv/bin/python benchmarks/rows_core.py [--messages 200000] [--per-chunk 100] [--runs 5]
 
@@ -8,7 +9,8 @@ a creation time, a subject, a content type, three application properties (a stri
 on average, range_over_protocol.py). Each path does what a stream-protocol task does with a chunk (streams/held.py,
 range_over_protocol.py): the header read in Python, then either the core's ``Builder.add`` or ``chunks.records`` +
 ``RowMaker.row`` per record, and the rows taken as Arrow record batches every 10,000 (``read_range``'s batch). CPU is
-this process's ``time.process_time``, the minimum of ``--runs`` runs; both paths must give equal tables first.
+this process's ``time.process_time``, the minimum of ``--runs`` runs; both paths must give equal tables first, and
+the body + offset tables the full tables' two columns.
 """
 
 from __future__ import annotations
@@ -28,12 +30,18 @@ import pyarrow as pa
 from spark_amqp import amqp10
 from spark_amqp.amqp10.types import Opaque, Symbol, Timestamp
 from spark_amqp.reading import arrow
+from spark_amqp.reading.projection import Projection
 from spark_amqp.stream_protocol import chunks, core
 from spark_amqp.stream_protocol.rows import Conversion, RowMaker
 from spark_amqp.streams.held import HeldRows
 
 BASE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 BATCH_ROWS = 10_000
+# The columns measured: every one (no .schema()), and body + offset.
+COLUMNS: dict[str, Projection | None] = {
+    "all columns": None,
+    "body + offset": Projection("stream", ("body", "offset"), ("body", "offset"), (False, False)),
+}
 _INT = struct.Struct(">i")
 
 
@@ -63,12 +71,13 @@ def make_chunks(n: int, per_chunk: int) -> list[bytes]:
     return [chunks.build(f, [message(i) for i in range(f, min(n, f + per_chunk))], BASE_MS + f) for f in range(0, n, per_chunk)]
 
 
-def read(all_chunks: list[bytes], use_core: bool) -> list[pa.RecordBatch]:
+def read(all_chunks: list[bytes], use_core: bool, columns: Projection | None = None) -> list[pa.RecordBatch]:
     """The batches a task would yield: each chunk whole (skip 0, the chunk's records), taken every BATCH_ROWS rows."""
     conversion = Conversion.of((4, 3))
-    maker = RowMaker("orders", conversion)
-    held = HeldRows()
-    held.use(core.builder("orders", conversion, None, False) if use_core else None)
+    made = None if columns is None else columns.made(False)
+    maker = RowMaker("orders", conversion, made)
+    held = HeldRows(columns)
+    held.use(core.builder("orders", conversion, None, False, made) if use_core else None)
     out: list[pa.RecordBatch] = []
     for data in all_chunks:
         view = memoryview(data)
@@ -100,17 +109,27 @@ def main() -> None:
         sys.exit(f"no compiled core to measure: {core.PATH} (make install builds it)")
     all_chunks = make_chunks(args.messages, args.per_chunk)
     size = sum(map(len, all_chunks)) / args.messages
-    python = pa.Table.from_batches(read(all_chunks, False), schema=arrow.STREAM_ARROW_SCHEMA)
-    compiled = pa.Table.from_batches(read(all_chunks, True), schema=arrow.STREAM_ARROW_SCHEMA)
-    assert python.num_rows == compiled.num_rows == args.messages and python.equals(compiled), "the paths' tables differ"
+    full = None
+    for columns in COLUMNS.values():
+        schema = arrow.STREAM_ARROW_SCHEMA if columns is None else columns.schema
+        python = pa.Table.from_batches(read(all_chunks, False, columns), schema=schema)
+        compiled = pa.Table.from_batches(read(all_chunks, True, columns), schema=schema)
+        assert python.num_rows == compiled.num_rows == args.messages and python.equals(compiled), "the paths' tables differ"
+        full = full or python
+        assert columns is None or python.equals(full.select(list(columns.names))), "some columns differ from the full read's"
     print(f"{args.messages:,} messages, {size:.0f} bytes each in chunks of {args.per_chunk}; rows: {core.PATH}; tables equal")
     results = {}
-    for name, use_core in (("pure Python", False), ("compiled core", True)):
-        times = cpu(lambda use_core=use_core: read(all_chunks, use_core), args.runs)
-        results[name] = min(times) / args.messages * 1e6
-        runs = ", ".join(f"{t / args.messages * 1e6:.2f}" for t in times)
-        print(f"  {name:14} {results[name]:7.2f} us of CPU a message (min of {args.runs}: {runs})")
-    print(f"  the core: {results['pure Python'] / results['compiled core']:.1f}x less CPU a message")
+    for label, columns in COLUMNS.items():
+        print(f" {label}:")
+        for name, use_core in (("pure Python", False), ("compiled core", True)):
+            times = cpu(lambda use_core=use_core, columns=columns: read(all_chunks, use_core, columns), args.runs)
+            results[label, name] = min(times) / args.messages * 1e6
+            runs = ", ".join(f"{t / args.messages * 1e6:.2f}" for t in times)
+            print(f"  {name:14} {results[label, name]:7.2f} us of CPU a message (min of {args.runs}: {runs})")
+        print(f"  the core: {results[label, 'pure Python'] / results[label, 'compiled core']:.1f}x less CPU a message")
+    for name in ("pure Python", "compiled core"):
+        saved = results["all columns", name] / results["body + offset", name]
+        print(f" {name}: body + offset takes {saved:.1f}x less CPU than all columns")
 
 
 if __name__ == "__main__":
