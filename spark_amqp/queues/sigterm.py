@@ -5,13 +5,23 @@ broker holds the batch's unacked deliveries until it notices, which can take a
 heartbeat interval or more. So in the runner the first SIGTERM first gives the
 deliveries back and closes the connection, then dies of the signal as before:
 the exit status Spark expects is unchanged.
+
+Python runs the handler in the main thread only, when that thread next runs
+bytecode, and the runner's main thread spends its life blocked in a socket read.
+The kernel may hand the process's signal to any thread that does not block it
+(pyarrow's own threads block nothing), and then the main thread's read is never
+interrupted: in one CI run of 70 here, the runner outlived its SIGTERM by more
+than 90 s with no signal pending. So a watcher thread, woken through Python's
+wakeup fd in whichever thread the signal landed, sends it on to the main thread.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
+import threading
 from collections.abc import Callable
 from types import FrameType
 
@@ -27,7 +37,7 @@ def in_source_runner() -> bool:
 
 
 def shut_down_first(shutdown: Callable[[], None]) -> None:
-    """On SIGTERM: ``shutdown()`` once, then the default action."""
+    """On SIGTERM: ``shutdown()`` once, then the default action. Call from the main thread."""
     terminating = False
 
     def on_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -42,3 +52,31 @@ def shut_down_first(shutdown: Callable[[], None]) -> None:
             os.kill(os.getpid(), signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, on_sigterm)
+    _forward_to_main_thread()
+
+
+def _forward_to_main_thread() -> None:
+    """A thread that sends each SIGTERM the process gets on to the main thread, where it interrupts a blocked read."""
+    if not hasattr(signal, "pthread_kill"):
+        return  # Windows: no signal reaches a thread there
+    woken, wakeup = socket.socketpair()
+    wakeup.setblocking(False)
+    taken = signal.set_wakeup_fd(wakeup.fileno(), warn_on_full_buffer=False)
+    if taken != -1:  # an earlier call's, or another library's: it stays (nothing in PySpark's runner sets one)
+        signal.set_wakeup_fd(taken)
+        woken.close()
+        wakeup.close()
+        return
+    main = threading.main_thread().ident
+    assert main is not None
+
+    def watch() -> None:
+        forwarded = False
+        while signums := woken.recv(64):  # for the process's life, holding ``wakeup`` open (closed, writes would fail)
+            if signal.SIGTERM in signums and not forwarded and wakeup.fileno() != -1:
+                # Once: the one sent on wakes this thread too. The handler ignores it while it shuts down, dies of it after.
+                forwarded = True
+                signal.pthread_kill(main, signal.SIGTERM)
+
+    # Daemon: the process ends when the runner's main thread does.
+    threading.Thread(target=watch, name="spark-amqp sigterm", daemon=True).start()
