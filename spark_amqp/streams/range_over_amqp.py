@@ -93,9 +93,10 @@ class AmqpRangeReader(RangeReader):
         return True
 
     async def _unseen(self, start: int, stop: int) -> None:
-        if self.broker_filter.get("x-stream-filter"):
+        if self.broker_filter.get("x-stream-filter") and not self.broker_filter.get("x-stream-match-unfiltered"):
             # Chunks whose Bloom filter has none of the values: the broker skips them whole, and no message in them is
-            # one the read keeps. A compressed chunk the filter matches is not skipped but stalls (``_silent``).
+            # one the read keeps. RabbitMQ's clients give sub-entries no filter value, so a compressed one is in a chunk
+            # sent only to a read that matches unfiltered messages too: that read still asks.
             return
         while (delay := await self._asked(start, stop)) is not None:
             await asyncio.sleep(delay)

@@ -18,6 +18,7 @@ from spark_amqp.streams.planner import StreamPlanner
 from spark_amqp.streams.tails import REMEASURE
 
 from ..broker.helpers import wait_for
+from ..broker.raw import burst
 from ..stream_protocol.conftest import stream_node
 from .helpers import counted, declare_stream, delete_queue, publish, publish_compressed, read_all
 
@@ -86,6 +87,21 @@ def test_a_stream_of_compressed_sub_entries_only_is_not_read_as_empty(
     planners.append(planner)
     with pytest.raises(CompressedSubEntry, match=r"offsets (0 to 99|100 to 199)"):  # a streaming query's planning too
         planner.latest_offset(None, None, True)
+
+
+def test_a_filtered_read_asks_about_gaps_where_it_keeps_unfiltered_messages(stream_node: Node, stream: str) -> None:
+    """A read with ``filter`` skips chunks without asking what they held (their Bloom filter does not match), but
+    one with ``filterMatchUnfiltered`` keeps messages without a filter value, as compressed sub-entries are: it asks."""
+    if stream_node[0] == "3.10":
+        pytest.skip("filter needs RabbitMQ 3.13 (tests/streams/test_filtering.py checks the refusal)")
+    burst(stream_node[2], stream, ["a", "b"] * 50)
+    _compressed(stream_node, stream, 100, 100)
+    burst(stream_node[2], stream, ["a", "b"] * 50)
+    # Filter a alone: the compressed chunk holds nothing the read keeps; nothing is asked (port 1: nothing listens).
+    rows = _read({**_over_amqp(stream_node, stream, streamPort="1", brokerOutageTimeout="20s"), "filter": "a"})
+    assert [i for i, _ in rows] == [*range(0, 100, 2), *range(200, 300, 2)]
+    with pytest.raises(CompressedSubEntry, match=rf"stream '{stream}': offsets 100 to 199 are a sub-entry compressed with zstd"):
+        _read({**_over_amqp(stream_node, stream), "filter": "a", "filterMatchUnfiltered": "true"})
 
 
 def test_uncompressed_sub_entries_are_delivered_over_amqp(stream_node: Node, stream: str) -> None:
