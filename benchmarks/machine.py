@@ -169,6 +169,10 @@ class CpuMeter:
             return "source runner"
         return "py workers"
 
+    def per_message(self, messages: int) -> dict[str, float]:
+        """The CPU µs per message of each of this run's own groups (those that used at least 0.005 cores)."""
+        return {g: c * self.seconds / messages * 1e6 for g, c in self.used.items() if g not in CpuMeter.NOT_OURS and c >= 0.005}
+
     def summary(self, messages: int | None = None) -> str:
         """The cores each group used; with ``messages``, also the CPU per message of this run's own processes
         and the rate they would reach if they had every CPU to themselves (the bound CPU sets)."""
@@ -177,7 +181,7 @@ class CpuMeter:
             f"CPU in cores over {self.seconds:.1f} s: {parts}; machine busy {self.machine:.2f} of {os.cpu_count()}; loadavg {self.loadavg}"
         )
         if messages:
-            per = {g: c * self.seconds / messages * 1e6 for g, c in self.used.items() if g not in CpuMeter.NOT_OURS and c >= 0.005}
+            per = self.per_message(messages)
             total = sum(per.values())
             costs = ", ".join(f"{g} {us:.1f}" for g, us in per.items())
             cpus = os.cpu_count() or 1

@@ -20,15 +20,22 @@ import pika
 
 
 def publish_async(
-    url: str, queue: str, count: int, body: bytes, window: int = 1000, properties: Callable[[int], pika.BasicProperties] | None = None
+    url: str,
+    queue: str,
+    count: int,
+    body: bytes | Callable[[int], bytes],
+    window: int = 1000,
+    properties: Callable[[int], pika.BasicProperties] | None = None,
 ) -> float:
-    """Seconds to publish ``count`` messages with ``window`` unconfirmed at most (``properties`` of the i-th message)."""
+    """Seconds to publish ``count`` messages with ``window`` unconfirmed at most (``body`` and ``properties`` of the
+    i-th message, when they are callables)."""
     state = {"sent": 0, "confirmed": 0, "nacked": 0}
     conn_box: list[pika.SelectConnection] = []
 
     def pump(ch: pika.channel.Channel) -> None:
         while state["sent"] < count and state["sent"] - state["confirmed"] < window:
-            ch.basic_publish("", queue, body, None if properties is None else properties(state["sent"]))
+            i = state["sent"]
+            ch.basic_publish("", queue, body if isinstance(body, bytes) else body(i), None if properties is None else properties(i))
             state["sent"] += 1
 
     def on_confirm(frame: pika.frame.Method) -> None:

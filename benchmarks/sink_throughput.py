@@ -23,6 +23,10 @@ only if the stream then holds exactly the rows written (the stream's
 ``committed_offset`` + 1 from a stream-protocol ``stats`` call on RabbitMQ 4.3+, the last
 committed chunk's next offset on 4.0; a passive queue.declare's message count is 0 for a
 stream on 4.3, measured). rstream's rate counts its confirms (it deletes its stream).
+
+``--shape-rounds N`` runs only N rounds of producer-like against body-only rows (benchmarks/shapes.py), each
+from one partition: raw pika async publishing the same messages, the sink over AMQP 0-9-1 and (with
+``--stream-url``) the stream sink with deduplication, with the CPU per message of each process group.
 """
 
 from __future__ import annotations
@@ -38,8 +42,10 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import pika_baseline as pb
+import shapes
 import stream_protocol_client as spc
-from source_throughput import broker_url
+from machine import CpuMeter
+from source_throughput import broker_url, cpu_text, median_cpu
 from spark_runs import spark_session
 
 from spark_amqp.stream_protocol import chunks
@@ -206,6 +212,88 @@ def stream_benchmarks(spark, stream_url: str, rows: int, rounds: int, max_in_fli
     print(f"sink (dedup on, 1 partition) / rstream = {mean['sink1'] / mean['rstream']:.2f}x (goal >= 1.0)")
 
 
+# -- producer-like against body-only rows (--shape both) ---------------------------------------------
+
+
+def shaped_frame(spark, shape: str, rows: int):  # type: ignore[no-untyped-def]
+    """``rows`` rows of ``shape`` (shapes.py) in one partition, cached: the sink's input columns."""
+    import pyarrow as pa
+
+    if shape == "body-only":
+        df = spark.range(rows).selectExpr(f"CAST(repeat('x', {len(BODY)}) AS BINARY) as body")
+    else:
+        df = spark.createDataFrame(pa.Table.from_batches(list(shapes.arrow_batches(shape, rows))))
+    df = df.repartition(1).cache()
+    df.count()
+    return df
+
+
+def shaped_write(df, uri: str, target: dict[str, str], rows: int) -> tuple[float, CpuMeter]:  # type: ignore[no-untyped-def]
+    """msg/s of one ``df.write`` into ``target`` (routingKey or stream) and the CPU it took."""
+    writer = df.write.format("amqp").option("uri", uri).options(**target).option("maxInFlight", "1000").mode("append")
+    with CpuMeter() as cpu:
+        start = time.perf_counter()
+        writer.save()
+        elapsed = time.perf_counter() - start
+    return rows / elapsed, cpu
+
+
+def shape_benchmarks(spark, url: str, stream_url: str | None, queue: str, rows: int, rounds: int) -> None:  # type: ignore[no-untyped-def]
+    """Each round, for each shape (in alternating order): raw pika async publishing the same messages, the sink over
+    AMQP 0-9-1 from 1 partition, and (with ``stream_url``) the stream sink from 1 partition with deduplication."""
+    results: dict[tuple[str, str], list[tuple[float, dict[str, float]]]] = {}
+    frames = {shape: shaped_frame(spark, shape, rows) for shape in shapes.SHAPES}
+    options = spc.connection(stream_url) if stream_url else None
+    for df in frames.values():  # warm-up: each shape's paths through the sink once
+        shaped_write(df.limit(20_000), url, {"routingKey": queue}, 20_000)
+        pb.declare(url, queue)
+        if stream_url and options is not None:
+            asyncio.run(_fresh_stream(options, SINK_STREAM))
+            shaped_write(df.limit(20_000), stream_url, {"stream": SINK_STREAM, "deduplication": "true"}, 20_000)
+            asyncio.run(_delete_stream(options, SINK_STREAM))
+    loads = [os.getloadavg()]
+    for r in range(rounds):
+        for shape in shapes.SHAPES if r % 2 == 0 else shapes.SHAPES[::-1]:
+            pb.declare(url, queue)
+            with CpuMeter() as cpu:
+                if shape == "body-only":
+                    seconds = pb.publish_async(url, queue, rows, BODY, window=1000)
+                else:
+                    seconds = pb.publish_async(url, queue, rows, shapes.producer_body, window=1000, properties=shapes.pika_properties)
+            results.setdefault(("pika async, 1000 confirms in flight", shape), []).append((rows / seconds, cpu.per_message(rows)))
+            pb.declare(url, queue)
+            rate, cpu = shaped_write(frames[shape], url, {"routingKey": queue}, rows)
+            results.setdefault(("sink over AMQP 0-9-1, 1 partition", shape), []).append((rate, cpu.per_message(rows)))
+            pb.declare(url, queue)
+            if stream_url and options is not None:
+                asyncio.run(_fresh_stream(options, SINK_STREAM))
+                rate, cpu = shaped_write(frames[shape], stream_url, {"stream": SINK_STREAM, "deduplication": "true"}, rows)
+                rate = checked(rate, options, SINK_STREAM, rows, f"stream sink, {shape}")
+                results.setdefault(("stream sink, dedup on, 1 partition", shape), []).append((rate, cpu.per_message(rows)))
+            loads.append(os.getloadavg())
+            print(
+                f"  round {r + 1}, {shape}: " + ", ".join(f"{k} {v[-1][0]:,.0f}" for (k, sh), v in results.items() if sh == shape),
+                flush=True,
+            )
+    for df in frames.values():
+        df.unpersist()
+    print(
+        f"\nproducer-like against body-only rows, {rows:,} a run, means of {rounds} round(s); load average (1/5/15 min) "
+        + ", ".join(f"{a:.2f}/{b:.2f}/{c:.2f}" for a, b, c in loads)
+    )
+    paths = list(dict.fromkeys(k for k, _ in results))
+    for path in paths:
+        means = {shape: statistics.mean(rate for rate, _ in results[(path, shape)]) for shape in shapes.SHAPES}
+        for shape in shapes.SHAPES:
+            versus = ""
+            if not path.startswith("pika"):
+                pika = statistics.mean(rate for rate, _ in results[("pika async, 1000 confirms in flight", shape)])
+                versus = f" = {means[shape] / pika:.2f}x pika async"
+            used = cpu_text(median_cpu([c for _, c in results[(path, shape)]]))
+            print(f"  {path}, {shape:9s}: {means[shape]:9,.0f} msg/s{versus}; CPU us/msg (medians): {used}")
+        print(f"  {path}: producer-like / body-only {means['producer'] / means['body-only']:.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=200_000)
@@ -221,6 +309,13 @@ def main() -> None:
     parser.add_argument(
         "--amqp10-rounds", type=int, default=0, help="pairs of 1-partition sink runs over AMQP 0-9-1 and AMQP 1.0 (RabbitMQ 4.x; medians)"
     )
+    parser.add_argument(
+        "--shape-rounds",
+        type=int,
+        default=0,
+        help="only rounds of producer-like against body-only rows (benchmarks/shapes.py): pika, the sink over AMQP 0-9-1 "
+        "and (with --stream-url) the stream sink, each from 1 partition",
+    )
     args = parser.parse_args()
     spark = spark_session("spark-amqp sink benchmark")
     queue = "bench.sink"
@@ -228,6 +323,9 @@ def main() -> None:
         with broker_url() as (url, label):
             print(f"{args.rows} x {len(BODY)} B into {label}; load average {os.getloadavg()[0]:.2f}")
             sink_rate(spark, url, queue, 20_000, 1)  # warm-up: JVM, Python workers
+            if args.shape_rounds:
+                shape_benchmarks(spark, url, args.stream_url, queue, args.rows, args.shape_rounds)
+                return
             if not args.skip_amqp:
                 pb.declare(url, queue)
                 raw_async = args.rows / pb.publish_async(url, queue, args.rows, BODY, window=1000)

@@ -37,6 +37,12 @@ source -> noop.
 ``--backlog N`` reads a backlog of N messages and samples the source runner's resident memory,
 which must stay flat (bounded by the prefetch, not the backlog).
 
+``--shape producer`` fills the queue with producer-like messages instead (benchmarks/shapes.py: each its own
+message id, correlation id and timestamp, a type, an app id, a content type, three headers, a ~200-byte JSON
+body), and ``--shape both`` runs every sink on both shapes side by side (in alternating order), each against
+its own baselines on the same queue contents, and ends with their medians, ratios and CPU per message
+(``--baselines pattern`` keeps only PerfTest with the source's pattern, to keep a run short).
+
 Without AMQP_TEST_URL it runs against the embedded broker in its own process (no PerfTest then).
 """
 
@@ -60,6 +66,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 
 import pika_baseline as pb
+import shapes
 from machine import BROKER_PIDS, PERFTEST_DIR, RUNNER, CpuMeter, listening_pid, perftest
 from spark_runs import BatchLog, run_to_end, spark_session
 
@@ -202,12 +209,11 @@ def _source_row(spark) -> list[str]:  # type: ignore[no-untyped-def]
 PUBLISH_OVER = ["amqp0-9-1"]  # --publish-over: RabbitMQ converts a message for a consumer of the other protocol
 
 
-def preload(url: str, queue: str, count: int) -> None:
+def preload(url: str, queue: str, count: int, shape: str = "body-only") -> None:
+    """``count`` messages of ``shape`` (shapes.py) into ``queue``, over ``--publish-over``."""
     pb.declare(url, queue)
     if PUBLISH_OVER[0] == "amqp1.0":
         import asyncio
-
-        import pyarrow as pa
 
         from spark_amqp.sink.amqp10_messages import Amqp10MessageBuilder
         from spark_amqp.sink.amqp10_publisher import Amqp10PartitionPublisher
@@ -215,10 +221,13 @@ def preload(url: str, queue: str, count: int) -> None:
 
         # Transient, as pika's are (no properties): only the protocol differs.
         opts = parse_sink_options({"uri": url, "protocol": "amqp1.0", "routingKey": queue, "maxInFlight": "2000", "persistent": "false"})
-        batches = [pa.RecordBatch.from_pydict({"body": [BODY] * min(50_000, count - i)}) for i in range(0, count, 50_000)]
+        batches = list(shapes.arrow_batches(shape, count, 50_000))
         asyncio.run(Amqp10PartitionPublisher(opts, Amqp10MessageBuilder(opts)).publish(batches, "preload"))
         return
-    pb.publish_async(url, queue, count, BODY, window=2000)
+    if shape == "body-only":
+        pb.publish_async(url, queue, count, BODY, window=2000)
+    else:
+        pb.publish_async(url, queue, count, shapes.producer_body, window=2000, properties=shapes.pika_properties)
 
 
 def perftest_consume(jars: Path, url: str, queue: str, count: int, prefetch: int, ack_every: int) -> float:
@@ -235,22 +244,39 @@ def perftest_consume(jars: Path, url: str, queue: str, count: int, prefetch: int
     return float(found.group(1))
 
 
-class Baselines:
-    """The baseline clients on the same queue contents; each measurement is kept, with its CPU."""
+BASELINES = {"pika": "pika", "proton": "proton (AMQP 1.0)", "perftest": "PerfTest", "pattern": "PerfTest, source's pattern"}
 
-    def __init__(self, url: str, queue: str, count: int, jars: Path | None, prefetch: int, batch: int) -> None:
-        self.url, self.queue, self.count, self.jars = url, queue, count, jars
-        self.kinds = {"pika": (1000, 1000)}
-        if PROTON:
+
+class Baselines:
+    """The baseline clients on the same queue contents (messages of ``shape``); each measurement is kept, with its CPU."""
+
+    def __init__(
+        self,
+        url: str,
+        queue: str,
+        count: int,
+        jars: Path | None,
+        prefetch: int,
+        batch: int,
+        shape: str = "body-only",
+        only: tuple[str, ...] = tuple(BASELINES),
+    ) -> None:
+        self.url, self.queue, self.count, self.jars, self.shape = url, queue, count, jars, shape
+        self.kinds = {}
+        if "pika" in only:
+            self.kinds["pika"] = (1000, 1000)
+        if PROTON and "proton" in only:
             self.kinds["proton (AMQP 1.0)"] = (1000, 1)
-        if jars is not None:
+        if jars is not None and "perftest" in only:
             self.kinds["PerfTest"] = (1000, 1000)
+        if jars is not None and "pattern" in only:
             self.kinds["PerfTest, source's pattern"] = (prefetch, batch)
         self.rates: dict[str, list[float]] = {k: [] for k in self.kinds}
+        self.cpu: dict[str, list[dict[str, float]]] = {k: [] for k in self.kinds}  # CPU us/msg per group, per measurement
 
     def measure(self, when: str) -> None:
         for kind, (prefetch, ack_every) in self.kinds.items():
-            preload(self.url, self.queue, self.count)
+            preload(self.url, self.queue, self.count, self.shape)
             with CpuMeter() as cpu:
                 if kind == "pika":
                     rate = self.count / pb.consume(self.url, self.queue, self.count, prefetch=prefetch, ack_every=ack_every)
@@ -262,11 +288,56 @@ class Baselines:
                     assert self.jars is not None
                     rate = perftest_consume(self.jars, self.url, self.queue, self.count, prefetch, ack_every)
             self.rates[kind].append(rate)
-            print(f"{kind} (prefetch {prefetch}, a multi-ack every {ack_every}), {when}: {rate:9,.0f} msg/s\n    {cpu.summary(self.count)}")
+            self.cpu[kind].append(cpu.per_message(self.count))
+            print(
+                f"{kind} (prefetch {prefetch}, a multi-ack every {ack_every}), {self.shape} messages, {when}: {rate:9,.0f} msg/s\n"
+                f"    {cpu.summary(self.count)}"
+            )
 
     def around(self, kind: str) -> float:
         """The mean of the last two measurements: the one before a sink's run and the one after it."""
         return statistics.mean(self.rates[kind][-2:])
+
+
+def median_cpu(per_run: list[dict[str, float]]) -> dict[str, float]:
+    """The median CPU us/msg of each group over runs (0 where a run's group used next to nothing)."""
+    groups = [g for g in CpuMeter.GROUPS if any(g in run for run in per_run)]
+    medians = {g: statistics.median(run.get(g, 0.0) for run in per_run) for g in groups}
+    return {g: us for g, us in medians.items() if us >= 0.05}
+
+
+def cpu_text(per: dict[str, float]) -> str:
+    return ", ".join(f"{g} {us:.1f}" for g, us in per.items()) + f"; total {sum(per.values()):.1f}"
+
+
+def report_shapes(shaped: dict[tuple[str, str], list[tuple[Run, dict[str, float]]]], bases: dict[str, Baselines], count: int) -> None:
+    """Each sink's runs on both shapes side by side: medians of the steady rates, of the ratios, of the CPU us/msg."""
+    for sink in dict.fromkeys(k for k, _ in shaped):
+        print(f"\nproducer-like against body-only messages, source -> {sink} (medians over the runs of each shape):")
+        medians: dict[str, float] = {}
+        for shape, base in bases.items():
+            runs = shaped.get((sink, shape), [])
+            if not runs:
+                continue
+            medians[shape] = statistics.median(r.steady for r, _ in runs)
+            ratios = ", ".join(f"{statistics.median(x[k] for _, x in runs):.2f}x {k}" for k in base.kinds)
+            print(
+                f"  {shape:9s}: source steady {medians[shape]:7,.0f} msg/s ({len(runs)} runs: "
+                f"{', '.join(f'{r.steady:,.0f}' for r, _ in runs)}) = {ratios}\n"
+                f"    source's CPU us/msg: {cpu_text(median_cpu([r.cpu.per_message(r.rows) for r, _ in runs]))}"
+            )
+            for kind in base.kinds:
+                print(
+                    f"    {kind}: {statistics.median(base.rates[kind]):7,.0f} msg/s (median of {len(base.rates[kind])}); "
+                    f"CPU us/msg: {cpu_text(median_cpu(base.cpu[kind]))}"
+                )
+        if len(medians) == 2:
+            body, producer = medians["body-only"], medians["producer"]
+            kinds = [k for k in bases["body-only"].kinds if k in bases["producer"].kinds]
+            theirs = ", ".join(
+                f"{k} {statistics.median(bases['producer'].rates[k]) / statistics.median(bases['body-only'].rates[k]):.2f}x" for k in kinds
+            )
+            print(f"  producer-like / body-only: the source {producer / body:.2f}x; {theirs}")
 
 
 @contextlib.contextmanager
@@ -298,7 +369,23 @@ def main() -> None:
     parser.add_argument(
         "--publish-over", choices=("amqp0-9-1", "amqp1.0"), default="amqp0-9-1", help="the protocol the queue is filled over"
     )
+    parser.add_argument(
+        "--shape",
+        choices=("body-only", "producer", "both"),
+        default="body-only",
+        help="the messages (benchmarks/shapes.py): PerfTest-like bodies, producer-like messages with their own properties, "
+        "or both, side by side for every sink run (in alternating order) with their own baselines",
+    )
+    parser.add_argument(
+        "--baselines",
+        default=",".join(BASELINES),
+        help=f"comma-separated, of: {', '.join(BASELINES)} (pattern: PerfTest, source's pattern)",
+    )
     args = parser.parse_args()
+    shape_list = list(shapes.SHAPES) if args.shape == "both" else [args.shape]
+    only = tuple(b for b in args.baselines.split(",") if b)
+    if set(only) - set(BASELINES):
+        parser.error(f"--baselines: unknown {', '.join(sorted(set(only) - set(BASELINES)))}")
     PUBLISH_OVER[0] = args.publish_over
     options = {} if args.max_per_trigger is None else {"maxMessagesPerTrigger": str(args.max_per_trigger)}
     chosen = parse_source_options({"uri": "amqp://h/", "queue": "q", **options})
@@ -312,37 +399,47 @@ def main() -> None:
             with open("/proc/loadavg") as f:
                 load = " ".join(f.read().split()[:3])
             print(
-                f"{args.messages} x {len(BODY)} B on {label}, published over {args.publish_over}; the source's batches: at most {batch} messages, prefetch {prefetch}; "
+                f"{args.messages} messages of {' and '.join(f'{s} ({shapes.mean_body_size(s):.0f} B bodies)' for s in shape_list)} on {label}, "
+                f"published over {args.publish_over}; the source's batches: at most {batch} messages, prefetch {prefetch}; "
                 f"load average {load}; {os.cpu_count()} CPUs"
             )
             if jars is None and label == "RabbitMQ":
                 print(f"no PerfTest baseline: its jars are not in {args.perftest_jars} (make perftest)")
-            preload(url, queue, 20_000)  # warm up the JVM and Python workers; not measured
-            stream_once(spark, url, queue, "noop", options, workdir)
+            for shape in shape_list:  # warm up the JVM and Python workers; not measured
+                preload(url, queue, 20_000, shape)
+                stream_once(spark, url, queue, "noop", options, workdir)
             if any(s.startswith("delta") for s in args.sinks.split(",")) or args.journal_pairs:
                 preload(url, queue, 20_000)  # Delta's first write in a JVM loads and compiles a lot
                 stream_once(spark, url, queue, "delta", options, workdir)
-            base = Baselines(url, queue, args.messages, jars, prefetch, batch)
-            base.measure("before")
+            bases = {shape: Baselines(url, queue, args.messages, jars, prefetch, batch, shape, only) for shape in shape_list}
+            for b in bases.values():
+                b.measure("before")
             pairs = [("delta", "delta+journal") if i % 2 == 0 else ("delta+journal", "delta") for i in range(args.journal_pairs)]
             sinks = [s for s in args.sinks.split(",") if s] + [sink for pair in pairs for sink in pair]
             steady: dict[str, list[float]] = {}
             rates: dict[str, list[float]] = {}
-            for sink in sinks:
-                preload(url, queue, args.messages)
+            shaped: dict[tuple[str, str], list[tuple[Run, dict[str, float]]]] = {}  # (sink, shape): each run, its ratios
+            # Every other sink: the shapes in the other order (the machine drifts).
+            order = [(sink, shape) for j, sink in enumerate(sinks) for shape in (shape_list if j % 2 == 0 else shape_list[::-1])]
+            for sink, shape in order:
+                base = bases[shape]
+                preload(url, queue, args.messages, shape)
                 run = stream_once(spark, url, queue, sink, options, workdir)
-                assert run.rows == args.messages, f"{sink}: read {run.rows} of {args.messages}"
-                steady.setdefault(sink, []).append(run.steady)
-                rates.setdefault(sink, []).append(run.all_rate)
+                assert run.rows == args.messages, f"{sink}, {shape}: read {run.rows} of {args.messages}"
+                if shape == shape_list[0]:
+                    steady.setdefault(sink, []).append(run.steady)
+                    rates.setdefault(sink, []).append(run.all_rate)
                 base.measure("after")
-                ratios = ", ".join(f"{run.steady / base.around(k):.2f}x {k}" for k in base.kinds)
+                ratios = {k: run.steady / base.around(k) for k in base.kinds}
+                shaped.setdefault((sink, shape), []).append((run, ratios))
                 print(
-                    f"source -> {sink:13s}: steady {run.steady:7,.0f} msg/s = {ratios} (means of the runs around it); "
+                    f"source -> {sink:13s}, {shape} messages: steady {run.steady:7,.0f} msg/s = "
+                    f"{', '.join(f'{r:.2f}x {k}' for k, r in ratios.items())} (means of the runs around it); "
                     f"all batches {run.all_rate:7,.0f} msg/s; incl. query start-up {run.rows / run.wall:7,.0f} msg/s ({run.wall:4.1f} s)\n"
                     f"    {run.where()}\n    {run.cpu.summary(run.rows)}",
                     flush=True,
                 )
-                if sink == "delta":  # (not delta@amqp1.0: one ceiling a pair will do)
+                if sink == "delta" and shape == shape_list[0]:  # (not delta@amqp1.0: one ceiling a pair will do)
                     ceiling = rate_to_delta(spark, args.messages, batch, workdir)
                     steady.setdefault("rate", []).append(ceiling.steady)
                     print(
@@ -350,6 +447,8 @@ def main() -> None:
                         f"source -> delta = {run.steady / ceiling.steady:.2f}x of it\n    {ceiling.where()}",
                         flush=True,
                     )
+            if len(shape_list) > 1:
+                report_shapes(shaped, bases, args.messages)
             for name in [s for s in steady if s.endswith("@amqp1.0") and s.split("@")[0] in steady]:
                 over_10, over_091 = statistics.median(steady[name]), statistics.median(steady[name.split("@")[0]])
                 print(

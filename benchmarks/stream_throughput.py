@@ -43,6 +43,13 @@ after a warm-up read in the same JVM), rstream (raw, and AMQP 1.0 decoded) and
 spark-amqp's own StreamClient (to records, and on to the source's Arrow rows; both from
 benchmarks/stream_protocol_client.py).
 
+With ``--shape both`` (or ``body-only``, ``producer``) and ``--stream-url`` it runs only this: each shape of
+benchmarks/shapes.py in a stream of its own, both written by the connector's stream publisher (producer-like
+messages with AMQP 1.0 properties and application properties), read over the stream protocol by the Java
+stream client (before and after the Spark runs) and by the source -> noop for each ``--partitions`` value;
+per partition count, the ratio against the Java client with as many consumers, the CPU per message of each
+process group, and producer-like / body-only.
+
 Last (unless ``--skip-delta``), source -> Delta with a processing-time trigger
 while a publisher adds ``--delta-messages`` at ``--delta-rate`` msg/s, without
 and with ``minMessagesPerTrigger``: batches, rows per batch, and end-to-end msg/s
@@ -71,6 +78,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import pika
 import pika_baseline as pb
+import shapes
 import stream_protocol_client as spc
 import stream_reads
 from machine import BROKER_PIDS, PERFTEST_DIR, REPO, STREAM_CLIENT_MAIN, CpuMeter, listening_pid, perftest
@@ -359,6 +367,116 @@ def report_protocol(
         )
 
 
+# -- producer-like against body-only messages over the stream protocol (--shape) --------
+
+
+def write_shape(stream_url: str, stream: str, shape: str, count: int) -> float:
+    """msg/s writing ``count`` messages of ``shape`` (shapes.py) into ``stream`` with the connector's stream
+    publisher (no Spark): AMQP 1.0 properties and application properties for the producer-like ones."""
+    import asyncio
+    import uuid
+
+    from spark_amqp.sink.options import parse_sink_options
+    from spark_amqp.sink.producers import producer_for
+    from spark_amqp.sink.stream_publisher import StreamPartitionPublisher
+
+    opts = parse_sink_options({"uri": stream_url, "stream": stream})
+    batches = list(shapes.arrow_batches(shape, count))
+    start = time.perf_counter()
+    done = asyncio.run(StreamPartitionPublisher(opts, producer_for(f"bench-{uuid.uuid4().hex}", 0, 0)).publish(batches))
+    elapsed = time.perf_counter() - start
+    assert done.confirmed == count, done
+    return count / elapsed
+
+
+def shapes_run(url: str, stream_url: str, java: Path | None, args: argparse.Namespace, partitions: list[int], cores: int) -> None:
+    """Each shape in a stream of its own, both written by the connector's stream publisher (so that their chunks
+    are alike); read over the stream protocol by the Java stream client (before and after the Spark runs) and by
+    the source -> noop for each numPartitions, shapes in alternating order; per partition count, ratios against
+    the Java client with as many consumers and CPU us/msg per process group."""
+    from source_throughput import cpu_text, median_cpu
+
+    shape_list = list(shapes.SHAPES) if args.shape == "both" else [args.shape]
+    n = args.messages
+    streams = {shape: f"bench.stream.{os.getpid()}.{shape}" for shape in shape_list}
+    warm = f"bench.stream.{os.getpid()}.warmup"
+    workdir = tempfile.mkdtemp(prefix="amqp-stream-bench-")
+    spark = None
+    java_rates: dict[tuple[str, int], list[float]] = {}
+    java_cpu: dict[tuple[str, int], list[dict[str, float]]] = {}
+
+    def java_baselines(when: str) -> None:
+        if java is None:
+            return
+        for shape in shape_list:
+            for k in partitions:
+                rate, cpu = java_stream_consume(java, stream_url, streams[shape], n, k)
+                java_rates.setdefault((shape, k), []).append(rate)
+                java_cpu.setdefault((shape, k), []).append(cpu.per_message(n))
+                print(f"{java_name(k)}, {shape} messages ({when}): {rate:,.0f} msg/s\n    {cpu.summary(n)}", flush=True)
+
+    try:
+        for shape in shape_list:
+            declare_stream(url, streams[shape])
+            rate = write_shape(stream_url, streams[shape], shape, n)
+            print(
+                f"{n:,} {shape} messages ({shapes.mean_body_size(shape):.0f} B bodies) in stream '{streams[shape]}', "
+                f"written by the connector's stream publisher at {rate:,.0f} msg/s",
+                flush=True,
+            )
+        with open("/proc/loadavg") as f:
+            print(f"load average {' '.join(f.read().split()[:3])}; Spark local[{cores}] on {os.cpu_count()} CPUs; prefetch {args.prefetch}")
+        java_baselines("before")
+        spark = spark_session("spark-amqp stream benchmark", f"local[{cores}]")
+        declare_stream(url, warm)
+        write_shape(stream_url, warm, "producer", WARMUP_MESSAGES)
+        available_now(spark, stream_url, warm, max(partitions), args, workdir)  # JVM and Python workers warm up; not measured
+        runs: dict[tuple[str, int], tuple[BatchLog, float, CpuMeter]] = {}
+        for j, p in enumerate(partitions):
+            for shape in shape_list if j % 2 == 0 else shape_list[::-1]:
+                with CpuMeter() as cpu:
+                    log, wall = available_now(spark, stream_url, streams[shape], p, args, workdir)
+                assert log.rows == n, f"{shape}, numPartitions={p}: read {log.rows} of {n}"
+                runs[(shape, p)] = (log, wall, cpu)
+                print(
+                    f"(source over the stream protocol, {shape} messages, numPartitions={p}: {log.rows / log.seconds:,.0f} msg/s)",
+                    flush=True,
+                )
+        java_baselines("after")
+        print("\nproducer-like against body-only messages over the stream protocol (the Java client: mean of before and after):")
+        rates: dict[tuple[str, int], float] = {}
+        for p in partitions:
+            for shape in shape_list:
+                log, wall, cpu = runs[(shape, p)]
+                rate = rates[(shape, p)] = log.rows / log.seconds
+                line = f"  numPartitions={p}, {shape:9s}: source {rate:9,.0f} msg/s ({len(log.batches)} batches, {log.seconds:.1f} s)"
+                if (shape, p) in java_rates:
+                    jr = statistics.mean(java_rates[(shape, p)])
+                    line += f" = {rate / jr:.2f}x {java_name(p)} {jr:,.0f} msg/s"
+                print(f"{line}\n    source's CPU us/msg: {cpu_text(cpu.per_message(log.rows))}")
+                if (shape, p) in java_cpu:
+                    print(f"    Java client's CPU us/msg (median): {cpu_text(median_cpu(java_cpu[(shape, p)]))}")
+            if len(shape_list) == 2:
+                java_ratio = ""
+                if ("producer", p) in java_rates and ("body-only", p) in java_rates:
+                    java_ratio = f"; the Java client {statistics.mean(java_rates[('producer', p)]) / statistics.mean(java_rates[('body-only', p)]):.2f}x"
+                print(
+                    f"  numPartitions={p}, producer-like / body-only: the source {rates[('producer', p)] / rates[('body-only', p)]:.2f}x{java_ratio}"
+                )
+        print(
+            f"mode: {'pure Python (SPARK_AMQP_PURE_PYTHON)' if os.environ.get('SPARK_AMQP_PURE_PYTHON') == '1' else 'compiled core (default)'}"
+        )
+    finally:
+        for name in (*streams.values(), warm):
+            try:
+                delete_queue(url, name)
+            except Exception as err:
+                print(f"could not delete {name}: {err}", file=sys.stderr)
+        shutil.rmtree(workdir, ignore_errors=True)
+        if spark is not None:
+            spark.stop()
+
+
 # -- the run ----------------------------------------------------------------------------
 
 
@@ -388,6 +506,13 @@ def main() -> None:
     parser.add_argument("--max-trigger-delay", default="10s")
     parser.add_argument("--skip-batch", action="store_true", help="no spark.read runs (whole and filtered)")
     parser.add_argument("--only-batch", action="store_true", help="only the spark.read runs and the raw pika baselines")
+    parser.add_argument(
+        "--shape",
+        choices=("body-only", "producer", "both"),
+        default=None,
+        help="only the stream-protocol reads of messages of this shape (benchmarks/shapes.py; both: side by side), "
+        "written by the connector's stream publisher, against the Java stream client (needs --stream-url)",
+    )
     args = parser.parse_args()
     if args.only_batch:
         args.skip_delta, args.no_perftest = True, True
@@ -411,6 +536,14 @@ def main() -> None:
             sys.exit(f"the Java stream client is not in {java}: run `make streamclient` (Maven, javac), or pass --no-stream-client")
     partitions = [int(p) for p in args.partitions.split(",") if p]
     cores = args.cores or max(partitions)
+    if args.shape:
+        if not stream_url:
+            sys.exit("--shape reads over the stream protocol: give --stream-url (or AMQP_TEST_STREAM_URL)")
+        node = listening_pid(urllib.parse.urlsplit(url).port or 5672)
+        if node is not None:
+            BROKER_PIDS.add(node)
+        shapes_run(url, stream_url, java, args, partitions, cores)
+        return
     ack_every = max(1, args.prefetch // ACK_SHARE)  # the baselines give credit back as the source does
     node = listening_pid(urllib.parse.urlsplit(url).port or 5672)
     if node is not None:
