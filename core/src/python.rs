@@ -1,5 +1,6 @@
 //! The Python face of the decoder: `Builder` takes chunks, `finish` hands the columns over as plain buffers for
 //! `pa.Array.from_buffers`. No arrow-rs: the buffers are Arrow's own layout (validity bitmaps, i32 offsets, values).
+use crate::basic::Properties;
 use crate::decode::{bitmap, Columns, Conversion, IntCol, Mask, RowFilter, StrCol, BODY, DELIVERY_MODE, EXCHANGE, HEADERS, OFFSET, PRIORITY, PROPS, QUEUE, ROUTING_KEY, TIMESTAMP};
 use pyo3::exceptions::PyValueError;
 use pyo3::buffer::PyBuffer;
@@ -8,8 +9,9 @@ use pyo3::types::{PyBytes, PyTuple};
 
 /// The contract with spark_amqp/stream_protocol/core.py: what `add` takes and what `finish` returns. Raised whenever
 /// either changes, so that a connector never runs a core it was not written for (it falls back to Python then).
-/// 2: the columns to make (`columns`), and None in `finish` for the others.
-const ABI: u32 = 2;
+/// 2: the columns to make (`columns`), and None in `finish` for the others. 3: `basic_properties` (AMQP 0-9-1
+/// content headers to the property columns).
+const ABI: u32 = 3;
 
 #[pyclass(module = "spark_amqp_core._core")]
 struct Builder {
@@ -61,6 +63,47 @@ fn int_col<'py, T: Copy, const N: usize>(py: Python<'py>, c: &IntCol<T>, f: fn(T
             le_bytes(py, &c.values, f)?.into_any(),
         ],
     )
+}
+
+/// (validity or None, null count, map offsets, keys' str_col, values' str_col)
+fn headers_col<'py>(py: Python<'py>, c: &Columns) -> PyResult<Bound<'py, PyTuple>> {
+    PyTuple::new(
+        py,
+        [
+            opt_bytes(py, bitmap(&c.headers_valid, c.headers_nulls)),
+            c.headers_nulls.into_pyobject(py)?.into_any(),
+            le_bytes(py, &c.headers_offsets, i32::to_le_bytes)?.into_any(),
+            str_col(py, &c.keys)?.into_any(),
+            str_col(py, &c.values)?.into_any(),
+        ],
+    )
+}
+
+/// AMQP 0-9-1 content headers (each the frame's payload, as LazyProperties.header keeps it) to the property
+/// columns `columns` (names from spark_amqp.reading.projection, raw_header among them or not): the 9 string
+/// properties, priority, delivery_mode, timestamp, headers and raw_header in arrow.py's order, None for those not
+/// asked for. None for the whole batch when any header is one the core leaves to Python (basic.rs says which).
+#[pyfunction]
+fn basic_properties<'py>(py: Python<'py>, headers: Vec<Bound<'py, PyBytes>>, columns: Vec<String>) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    let mut p = Properties::with(&columns).map_err(|name| PyValueError::new_err(format!("not a property column the core makes: {name:?}")))?;
+    let slices: Vec<&[u8]> = headers.iter().map(|h| h.as_bytes()).collect();
+    // A panic (a bug) leaves the batch to Python, as Builder.add leaves a chunk.
+    let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| slices.iter().try_for_each(|h| p.add(h))));
+    if !matches!(built, Ok(Ok(()))) {
+        return Ok(None);
+    }
+    let (c, m) = (&p.cols, p.cols.mask);
+    let none = || py.None().into_bound(py);
+    let mut items: Vec<Bound<'py, PyAny>> = Vec::with_capacity(14);
+    for (i, col) in c.props.iter().enumerate() {
+        items.push(if m.has(PROPS + i) { str_col(py, col)?.into_any() } else { none() });
+    }
+    items.push(if m.has(PRIORITY) { int_col(py, &c.priority, i32::to_le_bytes)?.into_any() } else { none() });
+    items.push(if m.has(DELIVERY_MODE) { int_col(py, &c.delivery_mode, i32::to_le_bytes)?.into_any() } else { none() });
+    items.push(if m.has(TIMESTAMP) { int_col(py, &c.timestamp, i64::to_le_bytes)?.into_any() } else { none() });
+    items.push(if m.has(HEADERS) { headers_col(py, c)?.into_any() } else { none() });
+    items.push(if p.want_raw { str_col(py, &p.raw)?.into_any() } else { none() });
+    Ok(Some(PyTuple::new(py, items)?))
 }
 
 #[pymethods]
@@ -135,21 +178,7 @@ impl Builder {
         items.push(if m.has(PRIORITY) { int_col(py, &c.priority, i32::to_le_bytes)?.into_any() } else { none() });
         items.push(if m.has(DELIVERY_MODE) { int_col(py, &c.delivery_mode, i32::to_le_bytes)?.into_any() } else { none() });
         items.push(if m.has(TIMESTAMP) { int_col(py, &c.timestamp, i64::to_le_bytes)?.into_any() } else { none() });
-        items.push(if m.has(HEADERS) {
-            PyTuple::new(
-                py,
-                [
-                    opt_bytes(py, bitmap(&c.headers_valid, c.headers_nulls)),
-                    c.headers_nulls.into_pyobject(py)?.into_any(),
-                    le_bytes(py, &c.headers_offsets, i32::to_le_bytes)?.into_any(),
-                    str_col(py, &c.keys)?.into_any(),
-                    str_col(py, &c.values)?.into_any(),
-                ],
-            )?
-            .into_any()
-        } else {
-            none()
-        });
+        items.push(if m.has(HEADERS) { headers_col(py, c)?.into_any() } else { none() });
         let out = PyTuple::new(py, items)?;
         self.cols.clear();
         Ok(out)
@@ -159,6 +188,7 @@ impl Builder {
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Builder>()?;
+    m.add_function(wrap_pyfunction!(basic_properties, m)?)?;
     m.add("ABI", ABI)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

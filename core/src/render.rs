@@ -87,7 +87,7 @@ pub fn py_float_repr(x: f64, out: &mut Vec<u8>) {
 }
 
 /// datetime.fromtimestamp(seconds, UTC).isoformat() (years 1 to 9999, as Python's datetime).
-fn iso_utc(secs: i64, out: &mut Vec<u8>) -> R<()> {
+pub(crate) fn iso_utc(secs: i64, out: &mut Vec<u8>) -> R<()> {
     if !(-62_135_596_800..=253_402_300_799).contains(&secs) {
         return fb("a timestamp datetime cannot hold");
     }
@@ -118,7 +118,7 @@ fn uuid(u: &[u8], out: &mut Vec<u8>) {
     }
 }
 
-fn base64(b: &[u8], out: &mut Vec<u8>) {
+pub(crate) fn base64(b: &[u8], out: &mut Vec<u8>) {
     const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     for c in b.chunks(3) {
         let n = (c[0] as u32) << 16 | (*c.get(1).unwrap_or(&0) as u32) << 8 | *c.get(2).unwrap_or(&0) as u32;

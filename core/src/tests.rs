@@ -177,3 +177,50 @@ fn a_masked_chunk_is_all_or_nothing() {
     c.clear();
     assert_eq!((c.rows, c.queue.valid.len(), c.keys.valid.len()), (0, 0, 0));
 }
+
+/// A content header (class 60, weight 0, body size 9) of these flags and encoded properties.
+fn content_header(flags: u16, values: &[u8]) -> Vec<u8> {
+    let mut out = vec![0, 60, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9];
+    out.extend_from_slice(&flags.to_be_bytes());
+    out.extend_from_slice(values);
+    out
+}
+
+#[test]
+fn basic_properties_render_as_python_and_keep_a_poisoned_header() {
+    use crate::basic::Properties;
+    let table: &[u8] = b"\x01bt\x01\x01iI\xff\xff\xff\xfe\x01ff\x3f\xc0\x00\x00\x01tT\x00\x00\x00\x00\x65\x93\x7d\x25\x01vV\x01xx\x00\x00\x00\x02\xff\x00";
+    let mut values = vec![0x04];
+    values.extend_from_slice(b"json");
+    values.extend_from_slice(&(table.len() as u32).to_be_bytes());
+    values.extend_from_slice(table);
+    let good = content_header(1 << 15 | 1 << 13, &values);
+    let poisoned = content_header(1 << 7 | 1 << 6, b"\x02\xff\xfe\xff\xff\xff\xff\xff\xff\xff\xff");
+    let mut p = Properties::with(&["content_type", "message_id", "timestamp", "headers", "raw_header"]).unwrap();
+    p.add(&good).unwrap();
+    p.add(&poisoned).unwrap();
+    let c = &p.cols;
+    assert_eq!((c.rows, &c.props[2].data[..], &c.props[2].valid[..]), (2, &b"json"[..], &[1, 0][..]));
+    assert_eq!((&c.props[0].valid[..], c.timestamp.nulls), (&[0, 0][..], 2)); // message_id not UTF-8, timestamp past 9999
+    assert_eq!(c.keys.data, b"biftvx");
+    assert_eq!(c.values.data, b"true-21.52024-01-02T03:04:05+00:00base64:/wA=");
+    assert_eq!((&c.values.valid[..], &c.headers_offsets[..], &c.headers_valid[..]), (&[1, 1, 1, 1, 0, 1][..], &[0, 6, 6][..], &[1, 0][..]));
+    assert_eq!((&p.raw.valid[..], &p.raw.data[..]), (&[0, 1][..], &poisoned[..]));
+}
+
+#[test]
+fn basic_properties_leave_what_python_renders_otherwise_to_it() {
+    use crate::basic::Properties;
+    let nested = content_header(1 << 13, b"\x00\x00\x00\x07\x01aF\x00\x00\x00\x00");
+    let repeated = content_header(1 << 13, b"\x00\x00\x00\x06\x01aV\x01aV");
+    let truncated = content_header(1 << 15, b"\x05ab");
+    let continued = content_header(1 << 15 | 1, b"\x00\x00\x01a");
+    for header in [&nested, &repeated, &truncated, &continued] {
+        assert!(Properties::with(&["headers"]).unwrap().add(header).is_err());
+    }
+    assert!(Properties::with(&["body"]).is_err());
+    let mut none = Properties::with(&["headers", "raw_header"]).unwrap();
+    none.add(&content_header(0, b"")).unwrap();
+    none.add(&[0, 60, 0]).unwrap(); // no property list at all: nothing to keep, as Python
+    assert_eq!((none.cols.headers_nulls, none.raw.nulls), (2, 2));
+}

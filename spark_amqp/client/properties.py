@@ -288,6 +288,12 @@ class LazyProperties:
         """The encoded properties alone: equal keys, equal property columns (class, weight and body size left out)."""
         return self.header[12:]
 
+    @property
+    def core_header(self) -> bytes | None:
+        """The content header for the compiled core to decode (reading.core_properties), while nothing was decoded
+        from it: None after, as ``pop_long_header`` may then have taken a header out of the values and not the bytes."""
+        return self.header if self._values is None else None
+
     def arrow_row(self) -> tuple[Any, ...]:
         """The values of the source's property columns in schema order, then ``raw_header``."""
         if self.header[12:14] == b"\x00\x00":

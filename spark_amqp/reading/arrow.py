@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from ..property_columns import STRING_PROPERTIES
+from . import core_properties
 
 if TYPE_CHECKING:
     from .projection import Projection
@@ -171,13 +172,17 @@ def _binary(values: Sequence[bytes]) -> pa.Array:
 
 
 def _property_arrays(props: Sequence[Any], wanted: Sequence[str] = PROPERTY_COLUMNS) -> list[pa.Array]:
-    """The property columns ``wanted`` (by name, in that order) of ``props``."""
+    """The property columns ``wanted`` (by name, in that order) of ``props``: by the compiled core where it takes the
+    batch (``core_properties``), otherwise here."""
     n = len(props)
     same = _shared_properties(props)
     if same is not None:  # every message carries the same properties (often none): decode them once
         rows: Any = [same] if n else []
         columns = _property_columns(rows, 1, wanted)
         return [c if n == 1 else pa.repeat(c[0], n) if c.null_count == 0 else pa.nulls(n, c.type) for c in columns]
+    made = core_properties.property_arrays(props, wanted)
+    if made is not None:
+        return made
     return _property_columns(list(_property_rows(props)), n, wanted)
 
 

@@ -6,6 +6,7 @@ Python runs wherever the core is not installed (spark-amqp requires it on Linux 
 only), for every chunk the core leaves to it (``Builder.add`` returns None: compressed sub-entries, RabbitMQ 3.x's
 conversion, nested or odd values, anything malformed, so that a bad message fails the same way on both paths), and
 everywhere with ``SPARK_AMQP_PURE_PYTHON=1``. Both give identical Arrow data (tests/stream_protocol/test_core_*.py).
+The same choice decides who makes AMQP 0-9-1 deliveries' property columns (``reading.core_properties``).
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from .rows import Conversion
 __all__ = ["ABI", "CORE", "MISSING", "PATH", "PURE_PYTHON", "builder"]
 
 # What this module expects of spark_amqp_core.Builder (core/src/python.rs says the same): another core is not used.
-# 2: Builder takes the columns to make, and finish gives None for the others.
-ABI = 2
+# 2: Builder takes the columns to make, and finish gives None for the others. 3: basic_properties (AMQP 0-9-1 content
+# headers to the property columns, reading.core_properties).
+ABI = 3
 # Set to 1 (any value but empty or 0) to run the pure-Python path where the core is installed.
 PURE_PYTHON = "SPARK_AMQP_PURE_PYTHON"
 

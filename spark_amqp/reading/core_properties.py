@@ -1,0 +1,80 @@
+"""AMQP 0-9-1 deliveries' property columns made by the compiled core (``spark_amqp_core.basic_properties``).
+
+The core decodes a batch's raw content headers (what ``LazyProperties`` keeps) and renders the headers as
+``arrow.render_header`` does, in one call, and hands the columns over as Arrow buffers. It takes a batch whole or not
+at all: ``property_arrays`` gives None, and the Python path makes the columns, where the core is not used
+(``stream_protocol.core``: none installed, another ABI, ``SPARK_AMQP_PURE_PYTHON=1``), where a message's properties
+were already decoded (``pop_long_header`` may have changed them since), and for every header the core leaves to Python
+(nested tables and arrays, decimals, unknown field types, repeated or non-UTF-8 keys, anything truncated). Both paths
+give equal Arrow data: tests/queues/test_core_properties*.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from ..property_columns import INT_PROPERTIES, STRING_PROPERTIES
+from ..stream_protocol import core
+
+__all__ = ["property_arrays"]
+
+_HEADERS_TYPE = pa.map_(pa.string(), pa.string())
+_TIMESTAMP = pa.timestamp("us", tz="UTC")
+# What basic_properties gives, in this order (None for a column not asked for).
+_COLUMNS = (*STRING_PROPERTIES, *INT_PROPERTIES, "timestamp", "headers", "raw_header")
+
+
+def property_arrays(props: Sequence[Any], wanted: Sequence[str]) -> list[pa.Array] | None:
+    """The property columns ``wanted`` (by name, in that order) of ``props``, or None where the Python path makes them."""
+    module = core.CORE
+    if module is None or not props:
+        return None
+    try:
+        headers = [p.core_header for p in props]
+    except AttributeError:  # not LazyProperties: pika's in tests, the stream protocol's rows
+        return None
+    if None in headers:
+        return None
+    parts = module.basic_properties(headers, list(wanted))
+    if parts is None:
+        return None
+    n = len(props)
+    made = dict(zip(_COLUMNS, parts, strict=True))
+    return [_ARRAYS[name](n, made[name]) for name in wanted]
+
+
+def _buffer(data: bytes | None) -> pa.Buffer | None:
+    return None if data is None else pa.py_buffer(data)
+
+
+def _variable(kind: pa.DataType, n: int, column: tuple[Any, ...]) -> pa.Array:
+    valid, nulls, offsets, data = column
+    return pa.Array.from_buffers(kind, n, [_buffer(valid), pa.py_buffer(offsets), pa.py_buffer(data)], nulls)
+
+
+def _fixed(kind: pa.DataType, n: int, column: tuple[Any, ...]) -> pa.Array:
+    valid, nulls, values = column
+    return pa.Array.from_buffers(kind, n, [_buffer(valid), pa.py_buffer(values)], nulls)
+
+
+def _headers(n: int, headers: tuple[Any, ...]) -> pa.Array:
+    valid, nulls, map_offsets, keys, values = headers
+    entries = len(keys[2]) // 4 - 1  # i32 offsets, one more than the entries
+    pairs = pa.StructArray.from_arrays(
+        [_variable(pa.string(), entries, keys), _variable(pa.string(), entries, values)],
+        fields=[_HEADERS_TYPE.key_field, _HEADERS_TYPE.item_field],
+    )
+    return pa.Array.from_buffers(_HEADERS_TYPE, n, [_buffer(valid), pa.py_buffer(map_offsets)], nulls, children=[pairs])
+
+
+_ARRAYS: dict[str, Callable[[int, Any], pa.Array]] = {
+    **{name: (lambda n, c: _variable(pa.string(), n, c)) for name in STRING_PROPERTIES},
+    "priority": lambda n, c: _fixed(pa.int32(), n, c),
+    "delivery_mode": lambda n, c: _fixed(pa.int32(), n, c),
+    "timestamp": lambda n, c: _fixed(_TIMESTAMP, n, c),
+    "headers": _headers,
+    "raw_header": lambda n, c: _variable(pa.binary(), n, c),
+}
