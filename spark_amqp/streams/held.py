@@ -131,7 +131,9 @@ _ARRAYS: dict[str, Callable[[int, Any], pa.Array]] = {
 def rows_path(stream_protocol: bool = True) -> str:
     """Which path makes a stream source's rows, in words (``spark_amqp.rows_path``, the source runner's log)."""
     if not stream_protocol:
-        return "rows: pure Python (the compiled core reads the stream protocol's chunks; AMQP 0-9-1 and 1.0 reads are Python's)"
+        if core.CORE is not None:
+            return "rows: pure Python but AMQP 0-9-1's property columns, the compiled core's (whole rows: over the stream protocol only)"
+        return "rows: pure Python (the compiled core reads the stream protocol's chunks and AMQP 0-9-1's property columns; AMQP 1.0 reads are Python's)"
     return f"rows: {core.PATH}"
 
 
