@@ -52,14 +52,22 @@ pub fn py_float_repr(x: f64, out: &mut Vec<u8>) {
     if x == 0.0 {
         return out.extend_from_slice(if x.is_sign_negative() { b"-0.0" } else { b"0.0" });
     }
-    let s = format!("{:e}", x); // the shortest digits that round-trip, as Python's repr has them
+    // The shortest digits that round-trip, as Python's repr has them; where two such strings are as near the value
+    // (996.04693603515625: ...562 or ...563), Rust's shortest form may take the upper one and Python takes the even one,
+    // so the digits are those of the value correctly rounded (ties to even) to that many digits.
+    let shortest = format!("{:e}", x);
+    let n = shortest.split('e').next().unwrap().bytes().filter(u8::is_ascii_digit).count();
+    let s = format!("{:.*e}", n - 1, x);
     let (mant, exp) = s.split_once('e').unwrap();
     let exp: i32 = exp.parse().unwrap();
     let (neg, mant) = match mant.strip_prefix('-') {
         Some(m) => (true, m),
         None => (false, mant),
     };
-    let digits: Vec<u8> = mant.bytes().filter(|&c| c != b'.').collect();
+    let mut digits: Vec<u8> = mant.bytes().filter(|&c| c != b'.').collect();
+    while digits.len() > 1 && digits.last() == Some(&b'0') {
+        digits.pop();
+    }
     let decpt = exp + 1;
     if neg {
         out.push(b'-');

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 pytest.importorskip("hypothesis", reason="hypothesis is not installed (the test extra and the Makefile's venvs have it)")
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from spark_amqp.client.properties import LazyProperties
@@ -149,7 +149,12 @@ def test_the_core_makes_the_property_columns_python_makes(headers: list[bytes], 
     event("taken by the core" if _compare(headers, columns) else "Python's")
 
 
+# Floats with two shortest forms as near (Python's repr takes the even one): once found by this test at 5,000 examples.
+_TIES = struct.pack(">HHQH", 60, 0, 1, 1 << 13) + _long(b"\x01afC\x00\x00\x02\x01bd" + struct.pack(">d", 996.04693603515625))
+
+
 @settings(max_examples=EXAMPLES // 3, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@example([_TIES, _TIES[:12] + b"\x00\x00"], None)
 @given(st.lists(content_header(tame=True), min_size=2, max_size=5), projections)
 def test_the_core_takes_every_well_formed_header_it_renders(headers: list[bytes], columns: Projection | None) -> None:
     if len(set(h[12:] for h in headers)) == 1:
