@@ -19,7 +19,7 @@ import pyarrow as pa
 from ..property_columns import INT_PROPERTIES, STRING_PROPERTIES
 from ..stream_protocol import core
 
-__all__ = ["property_arrays"]
+__all__ = ["PROPERTY_ARRAYS", "property_arrays", "variable_array"]
 
 _HEADERS_TYPE = pa.map_(pa.string(), pa.string())
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
@@ -43,14 +43,15 @@ def property_arrays(props: Sequence[Any], wanted: Sequence[str]) -> list[pa.Arra
         return None
     n = len(props)
     made = dict(zip(_COLUMNS, parts, strict=True))
-    return [_ARRAYS[name](n, made[name]) for name in wanted]
+    return [PROPERTY_ARRAYS[name](n, made[name]) for name in wanted]
 
 
 def _buffer(data: bytes | None) -> pa.Buffer | None:
     return None if data is None else pa.py_buffer(data)
 
 
-def _variable(kind: pa.DataType, n: int, column: tuple[Any, ...]) -> pa.Array:
+def variable_array(kind: pa.DataType, n: int, column: tuple[Any, ...]) -> pa.Array:
+    """A string or binary array of ``n`` from the core's (validity or None, null count, offsets, data)."""
     valid, nulls, offsets, data = column
     return pa.Array.from_buffers(kind, n, [_buffer(valid), pa.py_buffer(offsets), pa.py_buffer(data)], nulls)
 
@@ -64,17 +65,18 @@ def _headers(n: int, headers: tuple[Any, ...]) -> pa.Array:
     valid, nulls, map_offsets, keys, values = headers
     entries = len(keys[2]) // 4 - 1  # i32 offsets, one more than the entries
     pairs = pa.StructArray.from_arrays(
-        [_variable(pa.string(), entries, keys), _variable(pa.string(), entries, values)],
+        [variable_array(pa.string(), entries, keys), variable_array(pa.string(), entries, values)],
         fields=[_HEADERS_TYPE.key_field, _HEADERS_TYPE.item_field],
     )
     return pa.Array.from_buffers(_HEADERS_TYPE, n, [_buffer(valid), pa.py_buffer(map_offsets)], nulls, children=[pairs])
 
 
-_ARRAYS: dict[str, Callable[[int, Any], pa.Array]] = {
-    **{name: (lambda n, c: _variable(pa.string(), n, c)) for name in STRING_PROPERTIES},
+# A property column from the core's buffers: (row count, the column's buffers) -> array; the stream core's too (held.py).
+PROPERTY_ARRAYS: dict[str, Callable[[int, Any], pa.Array]] = {
+    **{name: (lambda n, c: variable_array(pa.string(), n, c)) for name in STRING_PROPERTIES},
     "priority": lambda n, c: _fixed(pa.int32(), n, c),
     "delivery_mode": lambda n, c: _fixed(pa.int32(), n, c),
     "timestamp": lambda n, c: _fixed(_TIMESTAMP, n, c),
     "headers": _headers,
-    "raw_header": lambda n, c: _variable(pa.binary(), n, c),
+    "raw_header": lambda n, c: variable_array(pa.binary(), n, c),
 }

@@ -17,14 +17,13 @@ import pyarrow as pa
 
 from ..property_columns import INT_PROPERTIES, STRING_PROPERTIES
 from ..reading import arrow
+from ..reading.core_properties import PROPERTY_ARRAYS, variable_array
 from ..reading.projection import Projection
 from ..stream_protocol import core
 
 __all__ = ["HeldRows", "log_rows_path", "rows_path"]
 
 Row = tuple[bytes, str, str, str, int, Any]
-
-_TIMESTAMP = pa.timestamp("us", tz="UTC")
 
 
 class HeldRows:
@@ -91,40 +90,13 @@ def to_batch(parts: tuple[Any, ...], columns: Projection | None = None) -> pa.Re
     return pa.RecordBatch.from_arrays(arrays, schema=arrow.STREAM_ARROW_SCHEMA if columns is None else columns.schema)
 
 
-def _headers(n: int, headers: tuple[Any, ...]) -> pa.Array:
-    valid, nulls, map_offsets, keys, values = headers
-    entries = len(keys[2]) // 4 - 1  # i32 offsets, one more than the entries
-    pairs = pa.StructArray.from_arrays(
-        [_variable(pa.string(), entries, keys), _variable(pa.string(), entries, values)],
-        fields=[arrow.HEADERS_TYPE.key_field, arrow.HEADERS_TYPE.item_field],
-    )
-    return pa.Array.from_buffers(arrow.HEADERS_TYPE, n, [_buffer(valid), pa.py_buffer(map_offsets)], nulls, children=[pairs])
-
-
-def _buffer(data: bytes | None) -> pa.Buffer | None:
-    return None if data is None else pa.py_buffer(data)
-
-
-def _variable(kind: pa.DataType, n: int, column: tuple[Any, ...]) -> pa.Array:
-    valid, nulls, offsets, data = column
-    return pa.Array.from_buffers(kind, n, [_buffer(valid), pa.py_buffer(offsets), pa.py_buffer(data)], nulls)
-
-
-def _fixed(kind: pa.DataType, n: int, column: tuple[Any, ...]) -> pa.Array:
-    valid, nulls, values = column
-    return pa.Array.from_buffers(kind, n, [_buffer(valid), pa.py_buffer(values)], nulls)
-
-
 # What Builder.finish gives after the row count, in STREAM_ARROW_SCHEMA's order (raw_header, always null, left out).
 _CORE_COLUMNS = ("body", "queue", "exchange", "routing_key", "offset", *STRING_PROPERTIES, *INT_PROPERTIES, "timestamp", "headers")
 _ARRAYS: dict[str, Callable[[int, Any], pa.Array]] = {
-    "body": lambda n, c: _variable(pa.binary(), n, c),
-    **{name: (lambda n, c: _variable(pa.string(), n, c)) for name in ("queue", "exchange", "routing_key", *STRING_PROPERTIES)},
+    "body": lambda n, c: variable_array(pa.binary(), n, c),
+    **{name: (lambda n, c: variable_array(pa.string(), n, c)) for name in ("queue", "exchange", "routing_key")},
     "offset": lambda n, c: pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(c)], 0),
-    "priority": lambda n, c: _fixed(pa.int32(), n, c),
-    "delivery_mode": lambda n, c: _fixed(pa.int32(), n, c),
-    "timestamp": lambda n, c: _fixed(_TIMESTAMP, n, c),
-    "headers": _headers,
+    **PROPERTY_ARRAYS,
 }
 
 
