@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import sys
 import time
@@ -24,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pyarrow as pa
 from pamqp import commands, header
+from rows_core import order_body  # benchmarks/, the script's own directory, is first on sys.path
 
 from spark_amqp.client.properties import LazyProperties
 from spark_amqp.reading import arrow
@@ -34,17 +34,7 @@ BASE = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 
 def delivery(i: int) -> tuple[bytes, bytes]:
     """(content header, body) of message ``i``."""
-    body = json.dumps(
-        {
-            "order": f"ord-{i:010d}",
-            "customer": f"cust-{i * 7919 % 100_000:06d}",
-            "amount": round(i * 1.37 % 1000, 2),
-            "currency": "EUR",
-            "items": [{"sku": f"sku-{i % 977:04d}", "qty": i % 5 + 1}],
-            "note": "producer-like payload " + "x" * (48 + i % 17),
-        },
-        separators=(",", ":"),
-    ).encode()
+    body = order_body(i)
     props = commands.Basic.Properties(
         message_id=f"msg-{i:012d}-{i * 2654435761 % 2**32:08x}",
         correlation_id=f"corr-{i // 4:010d}",

@@ -45,8 +45,9 @@ COLUMNS: dict[str, Projection | None] = {
 _INT = struct.Struct(">i")
 
 
-def message(i: int) -> bytes:
-    body = json.dumps(
+def order_body(i: int) -> bytes:
+    """Message ``i``'s ~200-byte JSON body (properties_core.py's too)."""
+    return json.dumps(
         {
             "order": f"ord-{i:010d}",
             "customer": f"cust-{i * 7919 % 100_000:06d}",
@@ -57,6 +58,10 @@ def message(i: int) -> bytes:
         },
         separators=(",", ":"),
     ).encode()
+
+
+def message(i: int) -> bytes:
+    body = order_body(i)
     properties: list[object] = [None] * 13
     properties[0] = f"msg-{i:012d}-{i * 2654435761 % 2**32:08x}"  # message-id
     properties[3] = "orders.created" if i % 3 else "orders.updated"  # subject
