@@ -56,7 +56,7 @@ def shut_down_first(shutdown: Callable[[], None]) -> None:
 
 
 def _forward_to_main_thread() -> None:
-    """A thread that sends each SIGTERM the process gets on to the main thread, where it interrupts a blocked read."""
+    """A thread that sends the process's first SIGTERM on to the main thread, where it interrupts a blocked read."""
     if not hasattr(signal, "pthread_kill"):
         return  # Windows: no signal reaches a thread there
     woken, wakeup = socket.socketpair()
@@ -70,13 +70,14 @@ def _forward_to_main_thread() -> None:
     main = threading.main_thread().ident
     assert main is not None
 
-    def watch() -> None:
+    def watch(woken: socket.socket, wakeup: socket.socket) -> None:
+        """Runs for the process's life, holding ``wakeup`` open: closed with its last reference, every write would fail."""
         forwarded = False
-        while signums := woken.recv(64):  # for the process's life, holding ``wakeup`` open (closed, writes would fail)
-            if signal.SIGTERM in signums and not forwarded and wakeup.fileno() != -1:
+        while signums := woken.recv(64):
+            if signal.SIGTERM in signums and not forwarded:
                 # Once: the one sent on wakes this thread too. The handler ignores it while it shuts down, dies of it after.
                 forwarded = True
                 signal.pthread_kill(main, signal.SIGTERM)
 
     # Daemon: the process ends when the runner's main thread does.
-    threading.Thread(target=watch, name="spark-amqp sigterm", daemon=True).start()
+    threading.Thread(target=watch, args=(woken, wakeup), name="spark-amqp sigterm", daemon=True).start()
