@@ -59,7 +59,9 @@ CORE_WHEEL_AARCH64 := dist/spark_amqp_core-$(VERSION)-$(call CORE_TAG,aarch64).w
 # The tests' build (make install): optimised, with overflow checks and debug assertions (Cargo profile `checked`), so
 # that what the differential test reaches panics rather than wraps; the wheel users install is the release build.
 CORE_CHECKED := .cache/core-checked
-maturin = PATH="$(abspath $(VENV))/bin:$$PATH" CARGO_TARGET_DIR="$(abspath .cache/cargo)" $(VENV)/bin/maturin build --quiet -m core/Cargo.toml $(1)
+# $(call maturin,args[,target dir]): the aarch64 build has a target directory of its own, so that CI builds it beside
+# make test's cargo runs instead of waiting on their lock.
+maturin = PATH="$(abspath $(VENV))/bin:$$PATH" CARGO_TARGET_DIR="$(abspath $(or $(2),.cache/cargo))" $(VENV)/bin/maturin build --quiet -m core/Cargo.toml $(1)
 # `make broker` listens here, not on 5672, so it never collides with a local RabbitMQ.
 BROKER_PORT ?= 5673
 # A command each lane of the tests runs under, given the lane's name first: .ci/run sets it to `tools/cpu run`, which
@@ -97,7 +99,7 @@ STREAMCLIENT_STAMP := $(STREAMCLIENT_DIR)/.stamp
 STREAMCLIENT_CLASS := $(STREAMCLIENT_DIR)/classes/StreamConsume.class
 INTEROP_CLASS := $(STREAMCLIENT_DIR)/classes/StreamInterop.class
 
-.PHONY: install jars perftest streamclient wheel core-aarch64 jvm-archives test test-matrix $(PYSPARK_LINES:%=test-pyspark%) test-python3.13 lint demo bench broker rabbitmq soak clean
+.PHONY: install jars perftest streamclient wheel core-aarch64 jvm-archives test test-prereqs test-matrix $(PYSPARK_LINES:%=test-pyspark%) test-python3.13 lint demo bench broker rabbitmq soak clean
 
 # The core first: the connector requires it here, and it is on no package index.
 $(STAMP): pyproject.toml broker/pyproject.toml conf/constraints.txt
@@ -145,7 +147,7 @@ $(CORE_WHEEL): $(STAMP) $(CORE_SOURCES)
 
 core-aarch64: $(STAMP) $(CORE_SOURCES)
 	@if rustup target list --installed 2>/dev/null | grep -qx aarch64-unknown-linux-gnu || timeout 120 rustup target add aarch64-unknown-linux-gnu >/dev/null 2>&1; then \
-		$(call maturin,--release --zig --compatibility manylinux2014 --target aarch64-unknown-linux-gnu --out dist) && test -f $(CORE_WHEEL_AARCH64); \
+		$(call maturin,--release --zig --compatibility manylinux2014 --target aarch64-unknown-linux-gnu --out dist,.cache/cargo-aarch64) && test -f $(CORE_WHEEL_AARCH64); \
 	else echo "make wheel: no aarch64 wheel of the core: rustup has no aarch64-unknown-linux-gnu target and could not add it"; fi
 
 wheel: $(WHEEL) $(BROKER_WHEEL) $(CORE_WHEEL) core-aarch64
@@ -223,6 +225,10 @@ $(CDS_DELTA): $(DELTA_VENV)/.wheel $(JARS_STAMP) tools/jvm_archive.py
 ## The tests' class-data-sharing archives (make test builds them; CI beside lint).
 jvm-archives: $(CDS_MAIN) $(CDS_DELTA)
 
+# What the Delta lane and .ci/run's other lanes need (make test builds it beside its faults lane and the tests without
+# Spark, which need only the Java clients).
+test-prereqs: $(JARS_STAMP) $(DELTA_VENV)/.wheel $(INTEROP_CLASS) $(PERFTEST_STAMP) $(CDS_DELTA)
+
 ## Run the test suite: the embedded broker always; real RabbitMQ too when AMQP_TEST_BROKERS (or
 ## AMQP_TEST_URL) is set. Three lanes at once: the tests without Spark in TEST_WORKERS processes, those that
 ## need Delta (on the Delta line's venv), and the cluster's (the cluster tests, then the Spark tests of production's
@@ -234,17 +240,23 @@ jvm-archives: $(CDS_MAIN) $(CDS_DELTA)
 # tests without Spark while the fault tests started beside them: one waited more than its 300 s for the lock, run
 # ci53.) The Delta tests run beside those without Spark, which mostly wait on brokers; no test without Spark touches
 # what a Delta test uses but its broker's load, and the Artemis tests take turns with the Delta one (tests/locks.py).
-# .cache/test-phase1.done tells .ci/run that the tests without Spark and the Delta tests are over (its other lanes
-# start then). Each lane writes its tests' durations to .cache/junit-LANE.xml; the Delta and faults lanes' output
-# follows.
-test: $(STAMP) $(VENV)/.core $(JARS_STAMP) $(DELTA_VENV)/.wheel $(INTEROP_CLASS) $(PERFTEST_STAMP) $(CDS_MAIN) $(CDS_DELTA)
+# The faults lane needs only .venv, its core and its JVM archive, so it starts before what the other lanes need is built
+# (the Java clients; test-prereqs: Delta's jars and venv, the wheels), which is built beside it: a CI run's faults lane
+# once began 356 s in, after the wheels, the Delta venv and both archives (ci79).
+# .cache/test-prereqs.done tells .ci/run that the wheels are built (it installs them into its other venvs then), and
+# .cache/test-phase1.done that the tests without Spark and the Delta tests are over (its other lanes start then). Each
+# lane writes its tests' durations to .cache/junit-LANE.xml; the Delta and faults lanes' output follows.
+test: $(STAMP) $(VENV)/.core $(CDS_MAIN)
 	@mkdir -p .cache
-	@rm -f .cache/test-phase1.done
-	@echo "::: the compiled core's own tests (cargo test); the connector says: $$($(PY) -c 'import spark_amqp; print(spark_amqp.rows_path())')"
-	cd core && CARGO_TARGET_DIR="$(abspath .cache/cargo)" cargo test --quiet --no-default-features --lib
+	@rm -f .cache/test-phase1.done .cache/test-prereqs.done
 	export JAVA_TOOL_OPTIONS="$(TEST_JVM)"; \
 	SPARK_AMQP_TEST_MASTER="local[16,3]" JAVA_TOOL_OPTIONS="$(call test_jvm,$(CDS_MAIN))" $(call lane,faults) $(PY) -m pytest -m "cluster or faults" --durations=10 -rfEP --junitxml=.cache/junit-faults.xml $(PYTEST_ARGS) >.cache/test-faults.log 2>&1 & faults=$$!; \
-	JAVA_TOOL_OPTIONS="$(call test_jvm,$(CDS_DELTA))" $(call lane,delta) $(DELTA_PY) -m pytest -m "spark and delta" --durations=5 --junitxml=.cache/junit-delta.xml $(PYTEST_ARGS) >.cache/test-delta.log 2>&1 & delta=$$!; \
+	trap 'kill $$faults 2>/dev/null' INT TERM; \
+	$(MAKE) --no-print-directory $(INTEROP_CLASS) $(PERFTEST_STAMP) || { kill $$faults; exit 1; }; \
+	echo "::: the compiled core's own tests (cargo test); the connector says: $$($(PY) -c 'import spark_amqp; print(spark_amqp.rows_path())')"; \
+	(cd core && CARGO_TARGET_DIR="$(abspath .cache/cargo)" cargo test --quiet --no-default-features --lib) || { kill $$faults; exit 1; }; \
+	{ $(MAKE) --no-print-directory test-prereqs && touch .cache/test-prereqs.done && \
+	  JAVA_TOOL_OPTIONS="$(call test_jvm,$(CDS_DELTA))" $(call lane,delta) $(DELTA_PY) -m pytest -m "spark and delta" --durations=5 --junitxml=.cache/junit-delta.xml $(PYTEST_ARGS); } >.cache/test-delta.log 2>&1 & delta=$$!; \
 	trap 'kill $$delta $$faults 2>/dev/null' INT TERM; \
 	$(call lane,plain) $(PY) -m pytest -m "not spark and not cluster" -n $(TEST_WORKERS) --junitxml=.cache/junit-plain.xml $(PYTEST_ARGS); plain=$$?; \
 	wait $$delta; delta_rc=$$?; \
