@@ -11,6 +11,7 @@ pub mod amqp;
 pub mod basic;
 pub mod columns;
 pub mod decode;
+pub mod records;
 pub mod render;
 
 #[cfg(feature = "python")]

@@ -1,6 +1,7 @@
 //! The Python face of the decoder: `Builder` takes chunks, `finish` hands the columns over as plain buffers for
 //! `pa.Array.from_buffers`. No arrow-rs: the buffers are Arrow's own layout (validity bitmaps, i32 offsets, values).
 use crate::basic::Properties;
+use crate::records::{self, Bools, Clock, Ints, Map, Route, Rows, Strings, Values};
 use crate::decode::{bitmap, Columns, Conversion, IntCol, Mask, RowFilter, StrCol, BODY, DELIVERY_MODE, EXCHANGE, HEADERS, OFFSET, PRIORITY, PROPS, QUEUE, ROUTING_KEY, TIMESTAMP};
 use pyo3::exceptions::PyValueError;
 use pyo3::buffer::PyBuffer;
@@ -10,8 +11,8 @@ use pyo3::types::{PyBytes, PyTuple};
 /// The contract with spark_amqp/stream_protocol/core.py: what `add` takes and what `finish` returns. Raised whenever
 /// either changes, so that a connector never runs a core it was not written for (it falls back to Python then).
 /// 2: the columns to make (`columns`), and None in `finish` for the others. 3: `basic_properties` (AMQP 0-9-1
-/// content headers to the property columns).
-const ABI: u32 = 3;
+/// content headers to the property columns). 4: `amqp10_records` (the sinks' rows to AMQP 1.0 messages).
+const ABI: u32 = 4;
 
 #[pyclass(module = "spark_amqp_core._core")]
 struct Builder {
@@ -106,6 +107,78 @@ fn basic_properties<'py>(py: Python<'py>, headers: Vec<Bound<'py, PyBytes>>, col
     Ok(Some(PyTuple::new(py, items)?))
 }
 
+/// A column as spark_amqp/sink/core_records.py hands it over: (validity or None, the array's offset, buffer, buffer).
+type Column<'py> = (Option<Bound<'py, PyBytes>>, usize, Bound<'py, PyBytes>, Option<Bound<'py, PyBytes>>);
+/// The headers: (validity or None, offset, offsets, keys' column, the values' kind, values' column).
+type MapColumn<'py> = (Option<Bound<'py, PyBytes>>, usize, Bound<'py, PyBytes>, Column<'py>, String, Column<'py>);
+
+fn strings<'a>(c: &'a Column<'_>) -> PyResult<Strings<'a>> {
+    let data = c.3.as_ref().ok_or_else(|| PyValueError::new_err("a string column without its data buffer"))?;
+    Ok(Strings { valid: c.0.as_ref().map(|b| b.as_bytes()), offset: c.1, offsets: c.2.as_bytes(), data: data.as_bytes() })
+}
+
+fn ints<'a>(c: &'a Column<'_>) -> Ints<'a> {
+    Ints { valid: c.0.as_ref().map(|b| b.as_bytes()), offset: c.1, values: c.2.as_bytes() }
+}
+
+fn map<'a>(m: &'a MapColumn<'_>) -> PyResult<Map<'a>> {
+    let v = &m.5;
+    let values = match m.4.as_str() {
+        "string" => Values::Str(strings(v)?),
+        "binary" => Values::Bin(strings(v)?),
+        "bool" => Values::Bool(Bools { valid: v.0.as_ref().map(|b| b.as_bytes()), offset: v.1, values: v.2.as_bytes() }),
+        "long" => Values::Long(ints(v)),
+        "double" => Values::Double(ints(v)),
+        other => return Err(PyValueError::new_err(format!("not a kind of header value the core writes: {other:?}"))),
+    };
+    Ok(Map { valid: m.0.as_ref().map(|b| b.as_bytes()), offset: m.1, offsets: m.2.as_bytes(), keys: strings(&m.3)?, values })
+}
+
+/// The sinks' rows as AMQP 1.0 messages (core/src/records.rs), each a bytes: `bodies`, the 9 string property columns
+/// (None for those not in the batch), priority and delivery_mode (int64), the timestamp (int64, and whether it counts
+/// microseconds), the headers, and per row the routing annotations, the filter value and the address (`tos`: the
+/// AMQP 1.0 sink's, which leaves the annotations out). None for the whole batch when a row is Python's to write.
+#[pyfunction]
+#[pyo3(signature = (bodies, strings_, priority, delivery_mode, timestamp, headers, exchanges, keys, filters, tos, legacy, address_reply_to, persistent))]
+#[allow(clippy::too_many_arguments)]
+fn amqp10_records<'py>(
+    py: Python<'py>, bodies: Vec<Bound<'py, PyBytes>>, strings_: Vec<Option<Column<'py>>>, priority: Option<Column<'py>>,
+    delivery_mode: Option<Column<'py>>, timestamp: Option<(Column<'py>, bool)>, headers: Option<MapColumn<'py>>,
+    exchanges: Option<Vec<Option<String>>>, keys: Option<Vec<Option<String>>>, filters: Option<Vec<Option<String>>>,
+    tos: Option<Vec<String>>, legacy: bool, address_reply_to: bool, persistent: bool,
+) -> PyResult<Option<Vec<Bound<'py, PyBytes>>>> {
+    let n = bodies.len();
+    if strings_.len() != 9 || [&exchanges, &keys, &filters].iter().any(|v| v.as_ref().is_some_and(|v| v.len() != n)) || tos.as_ref().is_some_and(|t| t.len() != n) {
+        return Err(PyValueError::new_err("amqp10_records: columns of other lengths than the bodies"));
+    }
+    let mut rows = Rows { priority: priority.as_ref().map(ints), delivery_mode: delivery_mode.as_ref().map(ints), ..Rows::default() };
+    for (slot, col) in rows.strings.iter_mut().zip(&strings_) {
+        *slot = col.as_ref().map(strings).transpose()?;
+    }
+    rows.timestamp = timestamp.as_ref().map(|(c, micros)| (ints(c), if *micros { Clock::Micros } else { Clock::Seconds }));
+    rows.headers = headers.as_ref().map(map).transpose()?;
+    let conv = records::Conversion { legacy, address_reply_to, persistent };
+    fn at(v: &Option<Vec<Option<String>>>, i: usize) -> Option<&str> {
+        v.as_ref().and_then(|v| v[i].as_deref())
+    }
+    let slices: Vec<&[u8]> = bodies.iter().map(|b| b.as_bytes()).collect();
+    // A panic (a bug) leaves the batch to Python, as basic_properties does.
+    let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<Vec<Vec<u8>>, records::Refusal> {
+        let mut out = Vec::with_capacity(n);
+        for (i, body) in slices.iter().enumerate() {
+            let route = Route { exchange: at(&exchanges, i), key: at(&keys, i), filter: at(&filters, i), to: tos.as_ref().map(|t| t[i].as_str()) };
+            let mut record = Vec::with_capacity(body.len() + 256);
+            records::record(&mut record, &rows, i, &route, conv, body)?;
+            out.push(record);
+        }
+        Ok(out)
+    }));
+    match built {
+        Ok(Ok(made)) => Ok(Some(made.iter().map(|r| PyBytes::new(py, r)).collect())),
+        _ => Ok(None),
+    }
+}
+
 #[pymethods]
 impl Builder {
     /// `stream`: the queue column's value and the routing key's default; the conversion of RabbitMQ 4.x (3.x's is
@@ -189,6 +262,7 @@ impl Builder {
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Builder>()?;
     m.add_function(wrap_pyfunction!(basic_properties, m)?)?;
+    m.add_function(wrap_pyfunction!(amqp10_records, m)?)?;
     m.add("ABI", ABI)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -228,3 +228,37 @@ fn basic_properties_leave_what_python_renders_otherwise_to_it() {
     none.add(&[0, 60, 0]).unwrap(); // no property list at all: nothing to keep, as Python
     assert_eq!((none.cols.headers_nulls, none.raw.nulls), (2, 2));
 }
+
+mod records {
+    use crate::records::{record, Conversion, Route, Rows, Strings, MESSAGE_ID};
+
+    const PLAIN: Route = Route { exchange: None, key: None, filter: None, to: None };
+
+    fn strings<'a>(offsets: &'a [u8], data: &'a [u8]) -> Strings<'a> {
+        Strings { valid: None, offset: 0, offsets, data }
+    }
+
+    #[test]
+    fn a_message_id_and_a_body() {
+        let offsets: Vec<u8> = [0i32, 2].iter().flat_map(|o| o.to_le_bytes()).collect();
+        let mut rows = Rows::default();
+        rows.strings[MESSAGE_ID] = Some(strings(&offsets, b"m1"));
+        let mut out = Vec::new();
+        let conv = Conversion { legacy: false, address_reply_to: true, persistent: true };
+        record(&mut out, &rows, 0, &PLAIN, conv, b"hi").unwrap();
+        let header = [0x00, 0x53, 0x70, 0xc0, 0x02, 0x01, 0x41]; // durable: true
+        let properties = [0x00, 0x53, 0x73, 0xc0, 0x05, 0x01, 0xa1, 0x02, b'm', b'1'];
+        let data = [0x00, 0x53, 0x75, 0xa0, 0x02, b'h', b'i'];
+        assert_eq!(out, [&header[..], &properties, &data].concat());
+    }
+
+    #[test]
+    fn offsets_past_their_data_are_python_s_not_a_panic() {
+        let offsets: Vec<u8> = [0i32, 9].iter().flat_map(|o| o.to_le_bytes()).collect();
+        let mut rows = Rows::default();
+        rows.strings[MESSAGE_ID] = Some(strings(&offsets, b"m1"));
+        let conv = Conversion { legacy: false, address_reply_to: true, persistent: false };
+        assert!(record(&mut Vec::new(), &rows, 0, &PLAIN, conv, b"").is_err());
+        assert!(record(&mut Vec::new(), &rows, 5, &PLAIN, conv, b"").is_err()); // a row past the offsets
+    }
+}

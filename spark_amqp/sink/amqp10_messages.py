@@ -23,6 +23,7 @@ from ..amqp10.types import Opaque, Symbol, Timestamp
 from ..rabbitmq import FILTER_VALUE_HEADER
 from ..stream_protocol.rows import STANDARD, Conversion
 from .columns import MessageBuilder
+from .core_records import amqp10_records
 from .options import SinkOptions
 
 __all__ = ["PREFIX_CACHE", "Amqp10Encoder", "Amqp10Message", "Amqp10MessageBuilder", "address_of", "hashable"]
@@ -156,28 +157,33 @@ class Amqp10MessageBuilder(Amqp10Encoder):
         keys = self._names(columns.get("routing_key"), n, self.default_key or "", "routing_key")
         exchanges = self._names(columns.get("exchange"), n, None, "exchange")
         filters = columns[self.filter_column].to_pylist() if self.filter_column in columns else [None] * n
-        rows = self._raw_properties(columns, n, always=True) or []
         default = self.options.exchange
         addresses, plain = self._addresses, self._plain
         if len(addresses) > PREFIX_CACHE:
             addresses.clear()
             plain.clear()
-        out = []
+        tos, to_queue = [], []
         for i in range(n):
             exchange = default if exchanges[i] is None else exchanges[i]
             route = (exchange, keys[i])
             to = addresses.get(route)
             if to is None:
                 to = addresses[route] = address_of(exchange, keys[i], self.rabbitmq)
-            row = rows[i]
-            if row or filters[i] is not None:
-                prefix = self.cached_prefix(row, i, None, None, filters[i], to)
-            else:  # no cache key to build
-                prefix = plain.get(to) or plain.setdefault(to, self.cached_prefix(row, i, None, None, None, to))
-            record = self.record(prefix, bodies[i])
-            out.append(Amqp10Message(to, record, exchange == ""))
+            tos.append(to)
+            to_queue.append(exchange == "")
+        records = amqp10_records(columns, bodies, self.conversion, self.options.persistent, filters=filters, tos=tos)
+        if records is None:
+            records = []
+            rows = self._raw_properties(columns, n, always=True) or []
+            for i, to in enumerate(tos):
+                row = rows[i]
+                if row or filters[i] is not None:
+                    prefix = self.cached_prefix(row, i, None, None, filters[i], to)
+                else:  # no cache key to build
+                    prefix = plain.get(to) or plain.setdefault(to, self.cached_prefix(row, i, None, None, None, to))
+                records.append(self.record(prefix, bodies[i]))
         self.position += n
-        return out
+        return [Amqp10Message(to, record, queue) for to, record, queue in zip(tos, records, to_queue, strict=True)]
 
 
 def address_of(exchange: str, key: str, rabbitmq: bool) -> str:

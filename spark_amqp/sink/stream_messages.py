@@ -33,6 +33,7 @@ import pyarrow as pa
 from ..stream_protocol.rows import Conversion
 from .amqp10_messages import Amqp10Encoder
 from .columns import PUBLISHING_ID
+from .core_records import amqp10_records
 from .options import SinkOptions
 from .producers import Producer
 
@@ -98,10 +99,12 @@ class StreamMessageBuilder(Amqp10Encoder):
             if PUBLISHING_ID in columns
             else [self.producer.id_of(self.position + i) for i in range(n)]
         )
-        rows = self._raw_properties(columns, n, always=True) or []
+        records = amqp10_records(columns, bodies, self.conversion, self.options.persistent, exchanges=exchanges, keys=keys, filters=filters)
+        if records is None:
+            rows = self._raw_properties(columns, n, always=True) or []
+            records = [self.record(self.cached_prefix(rows[i], i, exchanges[i], keys[i], filters[i], None), bodies[i]) for i in range(n)]
         out = []
-        for i in range(n):
-            record = self.record(self.cached_prefix(rows[i], i, exchanges[i], keys[i], filters[i], None), bodies[i])
+        for i, record in enumerate(records):
             if len(record) + len((filters[i] or "").encode("utf-8")) > self.max_record:
                 raise self._bad(
                     "body",

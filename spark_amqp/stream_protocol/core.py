@@ -23,8 +23,9 @@ __all__ = ["ABI", "CORE", "MISSING", "PATH", "PURE_PYTHON", "builder"]
 
 # What this module expects of spark_amqp_core.Builder (core/src/python.rs says the same): another core is not used.
 # 2: Builder takes the columns to make, and finish gives None for the others. 3: basic_properties (AMQP 0-9-1 content
-# headers to the property columns, reading.core_properties).
-ABI = 3
+# headers to the property columns, reading.core_properties). 4: amqp10_records (the sinks' rows to AMQP 1.0 messages,
+# sink.core_records).
+ABI = 4
 # Set to 1 (any value but empty or 0) to run the pure-Python path where the core is installed.
 PURE_PYTHON = "SPARK_AMQP_PURE_PYTHON"
 
