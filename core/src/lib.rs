@@ -10,6 +10,7 @@
 pub mod amqp;
 pub mod basic;
 pub mod columns;
+pub mod content;
 pub mod decode;
 pub mod records;
 pub mod render;

@@ -1,6 +1,7 @@
 //! The Python face of the decoder: `Builder` takes chunks, `finish` hands the columns over as plain buffers for
 //! `pa.Array.from_buffers`. No arrow-rs: the buffers are Arrow's own layout (validity bitmaps, i32 offsets, values).
 use crate::basic::Properties;
+use crate::content;
 use crate::records::{self, Bools, Clock, Ints, Map, Route, Rows, Strings, Values};
 use crate::decode::{bitmap, Columns, Conversion, IntCol, Mask, RowFilter, StrCol, BODY, DELIVERY_MODE, EXCHANGE, HEADERS, OFFSET, PRIORITY, PROPS, QUEUE, ROUTING_KEY, TIMESTAMP};
 use pyo3::exceptions::PyValueError;
@@ -11,7 +12,8 @@ use pyo3::types::{PyBytes, PyTuple};
 /// The contract with spark_amqp/stream_protocol/core.py: what `add` takes and what `finish` returns. Raised whenever
 /// either changes, so that a connector never runs a core it was not written for (it falls back to Python then).
 /// 2: the columns to make (`columns`), and None in `finish` for the others. 3: `basic_properties` (AMQP 0-9-1
-/// content headers to the property columns). 4: `amqp10_records` (the sinks' rows to AMQP 1.0 messages).
+/// content headers to the property columns). 4: `amqp10_records` and `basic_headers` (the sinks' rows
+/// to AMQP 1.0 messages and to AMQP 0-9-1 content-header properties).
 const ABI: u32 = 4;
 
 #[pyclass(module = "spark_amqp_core._core")]
@@ -134,6 +136,52 @@ fn map<'a>(m: &'a MapColumn<'_>) -> PyResult<Map<'a>> {
     Ok(Map { valid: m.0.as_ref().map(|b| b.as_bytes()), offset: m.1, offsets: m.2.as_bytes(), keys: strings(&m.3)?, values })
 }
 
+fn property_rows<'a>(
+    strings_: &'a [Option<Column<'_>>], priority: &'a Option<Column<'_>>, delivery_mode: &'a Option<Column<'_>>,
+    timestamp: &'a Option<(Column<'_>, bool)>, headers: &'a Option<MapColumn<'_>>,
+) -> PyResult<Rows<'a>> {
+    if strings_.len() != 9 {
+        return Err(PyValueError::new_err("the 9 string property columns, or None for each"));
+    }
+    let mut rows = Rows { priority: priority.as_ref().map(ints), delivery_mode: delivery_mode.as_ref().map(ints), ..Rows::default() };
+    for (slot, col) in rows.strings.iter_mut().zip(strings_) {
+        *slot = col.as_ref().map(strings).transpose()?;
+    }
+    rows.timestamp = timestamp.as_ref().map(|(c, micros)| (ints(c), if *micros { Clock::Micros } else { Clock::Seconds }));
+    rows.headers = headers.as_ref().map(map).transpose()?;
+    Ok(rows)
+}
+
+/// The AMQP 0-9-1 sink's rows as content-header properties (core/src/content.rs), each a bytes: `n` rows of the
+/// property columns as `amqp10_records` takes them, and per row the filter value (a header). None for the whole batch
+/// when a row is Python's to write.
+#[pyfunction]
+#[pyo3(signature = (n, strings_, priority, delivery_mode, timestamp, headers, filters, persistent))]
+#[allow(clippy::too_many_arguments)]
+fn basic_headers<'py>(
+    py: Python<'py>, n: usize, strings_: Vec<Option<Column<'py>>>, priority: Option<Column<'py>>, delivery_mode: Option<Column<'py>>,
+    timestamp: Option<(Column<'py>, bool)>, headers: Option<MapColumn<'py>>, filters: Option<Vec<Option<String>>>, persistent: bool,
+) -> PyResult<Option<Vec<Bound<'py, PyBytes>>>> {
+    if filters.as_ref().is_some_and(|f| f.len() != n) {
+        return Err(PyValueError::new_err("basic_headers: filter values of another length than the rows"));
+    }
+    let rows = property_rows(&strings_, &priority, &delivery_mode, &timestamp, &headers)?;
+    let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<Vec<Vec<u8>>, records::Refusal> {
+        (0..n)
+            .map(|i| {
+                let mut out = Vec::with_capacity(128);
+                let filter = filters.as_ref().and_then(|f| f[i].as_deref());
+                content::properties(&mut out, &rows, i, filter, persistent)?;
+                Ok(out)
+            })
+            .collect()
+    }));
+    match built {
+        Ok(Ok(made)) => Ok(Some(made.iter().map(|r| PyBytes::new(py, r)).collect())),
+        _ => Ok(None),
+    }
+}
+
 /// The sinks' rows as AMQP 1.0 messages (core/src/records.rs), each a bytes: `bodies`, the 9 string property columns
 /// (None for those not in the batch), priority and delivery_mode (int64), the timestamp (int64, and whether it counts
 /// microseconds), the headers, and per row the routing annotations, the filter value and the address (`tos`: the
@@ -148,15 +196,10 @@ fn amqp10_records<'py>(
     tos: Option<Vec<String>>, legacy: bool, address_reply_to: bool, persistent: bool,
 ) -> PyResult<Option<Vec<Bound<'py, PyBytes>>>> {
     let n = bodies.len();
-    if strings_.len() != 9 || [&exchanges, &keys, &filters].iter().any(|v| v.as_ref().is_some_and(|v| v.len() != n)) || tos.as_ref().is_some_and(|t| t.len() != n) {
+    if [&exchanges, &keys, &filters].iter().any(|v| v.as_ref().is_some_and(|v| v.len() != n)) || tos.as_ref().is_some_and(|t| t.len() != n) {
         return Err(PyValueError::new_err("amqp10_records: columns of other lengths than the bodies"));
     }
-    let mut rows = Rows { priority: priority.as_ref().map(ints), delivery_mode: delivery_mode.as_ref().map(ints), ..Rows::default() };
-    for (slot, col) in rows.strings.iter_mut().zip(&strings_) {
-        *slot = col.as_ref().map(strings).transpose()?;
-    }
-    rows.timestamp = timestamp.as_ref().map(|(c, micros)| (ints(c), if *micros { Clock::Micros } else { Clock::Seconds }));
-    rows.headers = headers.as_ref().map(map).transpose()?;
+    let rows = property_rows(&strings_, &priority, &delivery_mode, &timestamp, &headers)?;
     let conv = records::Conversion { legacy, address_reply_to, persistent };
     fn at(v: &Option<Vec<Option<String>>>, i: usize) -> Option<&str> {
         v.as_ref().and_then(|v| v[i].as_deref())
@@ -263,6 +306,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Builder>()?;
     m.add_function(wrap_pyfunction!(basic_properties, m)?)?;
     m.add_function(wrap_pyfunction!(amqp10_records, m)?)?;
+    m.add_function(wrap_pyfunction!(basic_headers, m)?)?;
     m.add("ABI", ABI)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -54,11 +54,11 @@ pub struct Map<'a> {
     pub values: Values<'a>,
 }
 
-fn bit(bits: &[u8], i: usize) -> R<bool> {
+pub(crate) fn bit(bits: &[u8], i: usize) -> R<bool> {
     bits.get(i / 8).map(|b| b >> (i % 8) & 1 == 1).ok_or(Fallback("a bitmap shorter than its array"))
 }
 
-fn valid(bits: Option<&[u8]>, i: usize) -> R<bool> {
+pub(crate) fn valid(bits: Option<&[u8]>, i: usize) -> R<bool> {
     bits.map_or(Ok(true), |b| bit(b, i))
 }
 
@@ -71,7 +71,7 @@ fn word<const N: usize>(data: &[u8], i: usize) -> R<[u8; N]> {
     Ok(out)
 }
 
-fn bound(data: &[u8], i: usize) -> R<usize> {
+pub(crate) fn bound(data: &[u8], i: usize) -> R<usize> {
     usize::try_from(i32::from_le_bytes(word::<4>(data, i)?)).map_err(|_| Fallback("a negative offset"))
 }
 
@@ -219,7 +219,7 @@ fn quoted(out: &mut Vec<u8>, raw: &[u8]) {
 }
 
 /// A short string property, as Python checks it: at most 255 bytes.
-fn short<'a>(rows: &Rows<'a>, at: usize, i: usize) -> R<Option<&'a [u8]>> {
+pub(crate) fn short<'a>(rows: &Rows<'a>, at: usize, i: usize) -> R<Option<&'a [u8]>> {
     let value = match &rows.strings[at] {
         Some(col) => col.get(i)?,
         None => None,
@@ -230,7 +230,7 @@ fn short<'a>(rows: &Rows<'a>, at: usize, i: usize) -> R<Option<&'a [u8]>> {
     }
 }
 
-fn octet(col: &Option<Ints<'_>>, i: usize) -> R<Option<u8>> {
+pub(crate) fn octet(col: &Option<Ints<'_>>, i: usize) -> R<Option<u8>> {
     match col.as_ref().map(|c| c.long(i)).transpose()?.flatten() {
         None => Ok(None),
         Some(v) => u8::try_from(v).map(Some).map_err(|_| Fallback("an octet out of range (Python names it)")),
@@ -238,7 +238,7 @@ fn octet(col: &Option<Ints<'_>>, i: usize) -> R<Option<u8>> {
 }
 
 /// Epoch seconds, as Python's `int(datetime.timestamp())` gives them (truncated toward zero), within its range.
-fn seconds(col: &Option<(Ints<'_>, Clock)>, i: usize) -> R<Option<i64>> {
+pub(crate) fn seconds(col: &Option<(Ints<'_>, Clock)>, i: usize) -> R<Option<i64>> {
     let Some((c, clock)) = col else { return Ok(None) };
     let Some(v) = c.long(i)? else { return Ok(None) };
     let s = match clock {

@@ -29,6 +29,7 @@ from ..errors import AmqpOptionError
 from ..property_columns import INT_PROPERTIES as INT_PROPERTY_COLUMNS
 from ..property_columns import STRING_PROPERTIES as STRING_PROPERTY_COLUMNS
 from ..rabbitmq import FILTER_VALUE_HEADER, MAX_MESSAGE_SIZE_3X, MAX_MESSAGE_SIZE_4X
+from .core_records import basic_headers
 from .options import SinkOptions
 from .routing import partition_of
 
@@ -231,6 +232,11 @@ class MessageBuilder:
 
     def _property_rows(self, columns: dict[str, pa.Array], n: int) -> list[bytes] | None:
         filters = columns[self.filter_column].to_pylist() if self.filter_column in columns else None
+        if filters is None and not any(c in columns for c in PROPERTY_COLUMNS):
+            return None
+        made = basic_headers(columns, n, filters, self.options.persistent)
+        if made is not None:
+            return made
         rows = self._raw_properties(columns, n, filters is not None)
         if rows is None:
             return None

@@ -1,6 +1,7 @@
-"""The sinks' AMQP 1.0 messages written by the compiled core against the pure-Python path (hypothesis): for random
-batches of every property column, values Python refuses among them, both builders (the stream sink's and the AMQP 1.0
-sink's) give the same bytes for every row, or the same error. The core leaves a batch to Python whole (then the two
+"""The sinks' messages written by the compiled core against the pure-Python path (hypothesis): for random batches of
+every property column, values Python refuses among them, each sink's builder (the stream sink's and the AMQP 1.0
+sink's AMQP 1.0 messages, the AMQP 0-9-1 sink's content headers, which pamqp marshals on the Python path) gives the
+same bytes for every row, or the same error. The core leaves a batch to Python whole (then the two
 are the same code), so each test also counts what the core took: a core that took nothing would pass the comparison
 and fail there. ``CORE_EXAMPLES`` raises the example counts for a longer run."""
 
@@ -21,6 +22,7 @@ from spark_amqp.errors import AmqpOptionError
 from spark_amqp.property_columns import STRING_PROPERTIES
 from spark_amqp.sink import core_records
 from spark_amqp.sink.amqp10_messages import Amqp10MessageBuilder
+from spark_amqp.sink.columns import MessageBuilder, Outgoing
 from spark_amqp.sink.options import parse_sink_options
 from spark_amqp.sink.producers import producer_for
 from spark_amqp.sink.stream_messages import StreamMessageBuilder
@@ -30,6 +32,7 @@ pytestmark = pytest.mark.skipif(core.CORE is None, reason=f"no compiled core to 
 
 EXAMPLES = int(os.environ.get("CORE_EXAMPLES", "400"))
 VERSIONS = [(3, 10), (3, 13), (4, 0), (4, 3)]
+SINKS = ["stream", "amqp1.0", "amqp"]  # the AMQP 1.0 messages of both, and the AMQP 0-9-1 sink's content headers
 
 # Values Python refuses are rarer than the others, so that the core writes a good share of the batches.
 _short = st.text(max_size=12)
@@ -94,7 +97,7 @@ def batches(draw: Any) -> tuple[pa.RecordBatch, str]:
         table[name] = pa.array([draw(routes) for _ in range(n)], pa.string())
     batch = pa.RecordBatch.from_pydict(table)
     skip = draw(st.integers(0, n - 1))  # a slice: the columns' own offsets
-    return batch.slice(skip), draw(st.sampled_from(["stream", "amqp1.0"]))
+    return batch.slice(skip), draw(st.sampled_from(SINKS))
 
 
 def _builder(sink: str, version: tuple[int, int], persistent: bool) -> Any:
@@ -103,6 +106,10 @@ def _builder(sink: str, version: tuple[int, int], persistent: bool) -> Any:
         stream = StreamMessageBuilder(options, producer_for("p", 0, None))
         stream.met_stream_broker(version, 1 << 20)
         return stream.stream_messages
+    if sink == "amqp":
+        basic = MessageBuilder(parse_sink_options({"uri": "amqp://127.0.0.1:1", "routingKey": "q", "persistent": str(persistent).lower()}))
+        basic.met(version)
+        return lambda batch: list(basic.messages(batch))
     options = parse_sink_options({"uri": "amqp://127.0.0.1:1", "protocol": "amqp1.0", "persistent": str(persistent).lower()})
     amqp10 = Amqp10MessageBuilder(options)
     amqp10.met_amqp10_broker(version, version != (3, 13), 1 << 20)  # one of them as another broker (Artemis)
@@ -111,7 +118,7 @@ def _builder(sink: str, version: tuple[int, int], persistent: bool) -> Any:
 
 def _outcome(sink: str, version: tuple[int, int], persistent: bool, batch: pa.RecordBatch) -> Any:
     try:
-        return [tuple(m) for m in _builder(sink, version, persistent)(batch)]
+        return [m if isinstance(m, Outgoing) else tuple(m) for m in _builder(sink, version, persistent)(batch)]
     except (AmqpOptionError, UnicodeEncodeError, OverflowError, ValueError) as err:
         return type(err), str(err)
 
@@ -121,21 +128,27 @@ def _outcome(sink: str, version: tuple[int, int], persistent: bool, batch: pa.Re
 def test_the_core_writes_what_python_writes(drawn: tuple[pa.RecordBatch, str], version: tuple[int, int], persistent: bool) -> None:
     batch, sink = drawn
     took: list[bool] = []
-    real = core_records.amqp10_records
+    real, real_headers = core_records.amqp10_records, core_records.basic_headers
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         made = real(*args, **kwargs)
         took.append(made is not None)
         return made
 
+    def counted_headers(*args: Any, **kwargs: Any) -> Any:
+        made = real_headers(*args, **kwargs)
+        took.append(made is not None)
+        return made
+
     with pytest.MonkeyPatch.context() as m:
         m.setattr("spark_amqp.sink.stream_messages.amqp10_records", counted)
         m.setattr("spark_amqp.sink.amqp10_messages.amqp10_records", counted)
+        m.setattr("spark_amqp.sink.columns.basic_headers", counted_headers)
         compiled = _outcome(sink, version, persistent, batch)
     with pytest.MonkeyPatch.context() as m:
         m.setattr(core, "CORE", None)
         python = _outcome(sink, version, persistent, batch)
-    event("the core wrote the batch" if took == [True] else "left to Python")
+    event(f"{sink}: " + ("the core wrote the batch" if took == [True] else "left to Python"))
     if took == [True]:
         assert isinstance(python, list), f"the core wrote a batch Python refuses: {python}"
     assert compiled == python
@@ -152,9 +165,10 @@ def test_the_core_writes_producer_like_batches_itself() -> None:
     finally:
         sys.path.pop(0)
     batch = next(shapes.arrow_batches("producer-like", 500))
-    for sink in ("stream", "amqp1.0"):
+    columns = {name: batch.column(name) for name in batch.schema.names}
+    assert core_records.basic_headers(columns, batch.num_rows, None, True) is not None
+    for sink in SINKS:
         for version in VERSIONS:
-            columns = {name: batch.column(name) for name in batch.schema.names}
             bodies = columns["body"].to_pylist()
             assert core_records.amqp10_records(columns, bodies, _conversion(version), True) is not None
             assert _outcome(sink, version, True, batch) == _python(sink, version, batch)
