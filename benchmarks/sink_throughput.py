@@ -25,8 +25,9 @@ committed chunk's next offset on 4.0; a passive queue.declare's message count is
 stream on 4.3, measured). rstream's rate counts its confirms (it deletes its stream).
 
 ``--shape-rounds N`` runs only N rounds of producer-like against body-only rows (benchmarks/shapes.py), each
-from one partition: raw pika async publishing the same messages, the sink over AMQP 0-9-1 and (with
-``--stream-url``) the stream sink with deduplication, with the CPU per message of each process group.
+from one partition: raw pika async publishing the same messages, PerfTest's producer with confirms (``make
+perftest``; its own messages, of the shape's mean body size), the sink over AMQP 0-9-1 and over AMQP 1.0 (RabbitMQ
+4.x) and (with ``--stream-url``) the stream sink with deduplication, with the CPU per message of each process group.
 """
 
 from __future__ import annotations
@@ -34,9 +35,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -44,7 +47,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pika_baseline as pb
 import shapes
 import stream_protocol_client as spc
-from machine import CpuMeter
+from amqp_client import server_version
+from machine import PERFTEST_DIR, CpuMeter, perftest
 from source_throughput import broker_url, cpu_text, median_cpu
 from spark_runs import spark_session
 
@@ -238,14 +242,35 @@ def shaped_write(df, uri: str, target: dict[str, str], rows: int) -> tuple[float
     return rows / elapsed, cpu
 
 
+PERFTEST_PRODUCER = "PerfTest producer, --confirm 1000 (its own messages of the shape's body size)"
+
+
+def perftest_publish(jars: Path, url: str, queue: str, count: int, size: int) -> float:
+    """PerfTest's average rate (msg/s) publishing ``count`` persistent messages of ``size`` bytes with confirms."""
+    out = perftest(
+        jars,
+        url,
+        *("--predeclared", "--queue", queue, "--producers", "1", "--consumers", "0", "--flag", "persistent"),
+        *("--pmessages", str(count), "--size", str(size), "--confirm", "1000", "--time", "600"),
+    )
+    found = re.search(r"sending rate avg: (\d+) msg/s", out)
+    if not found:
+        raise RuntimeError(f"PerfTest did not publish {count} messages:\n{out[-2000:]}")
+    return float(found.group(1))
+
+
 def shape_benchmarks(spark, url: str, stream_url: str | None, queue: str, rows: int, rounds: int) -> None:  # type: ignore[no-untyped-def]
     """Each round, for each shape (in alternating order): raw pika async publishing the same messages, the sink over
-    AMQP 0-9-1 from 1 partition, and (with ``stream_url``) the stream sink from 1 partition with deduplication."""
+    AMQP 0-9-1 and (RabbitMQ 4.x) over AMQP 1.0 from 1 partition, and (with ``stream_url``) the stream sink from 1
+    partition with deduplication."""
+    amqp10 = int(asyncio.run(server_version(url)).split(".")[0]) >= 4
     results: dict[tuple[str, str], list[tuple[float, dict[str, float]]]] = {}
     frames = {shape: shaped_frame(spark, shape, rows) for shape in shapes.SHAPES}
     options = spc.connection(stream_url) if stream_url else None
     for df in frames.values():  # warm-up: each shape's paths through the sink once
         shaped_write(df.limit(20_000), url, {"routingKey": queue}, 20_000)
+        if amqp10:
+            shaped_write(df.limit(20_000), url, {"routingKey": queue, "protocol": "amqp1.0"}, 20_000)
         pb.declare(url, queue)
         if stream_url and options is not None:
             asyncio.run(_fresh_stream(options, SINK_STREAM))
@@ -261,9 +286,19 @@ def shape_benchmarks(spark, url: str, stream_url: str | None, queue: str, rows: 
                 else:
                     seconds = pb.publish_async(url, queue, rows, shapes.producer_body, window=1000, properties=shapes.pika_properties)
             results.setdefault(("pika async, 1000 confirms in flight", shape), []).append((rows / seconds, cpu.per_message(rows)))
+            if PERFTEST_DIR.is_dir():
+                pb.declare(url, queue)
+                size = round(shapes.mean_body_size(shape))
+                with CpuMeter() as cpu:
+                    rate = perftest_publish(PERFTEST_DIR, url, queue, rows, size)
+                results.setdefault((PERFTEST_PRODUCER, shape), []).append((rate, cpu.per_message(rows)))
             pb.declare(url, queue)
             rate, cpu = shaped_write(frames[shape], url, {"routingKey": queue}, rows)
             results.setdefault(("sink over AMQP 0-9-1, 1 partition", shape), []).append((rate, cpu.per_message(rows)))
+            if amqp10:
+                pb.declare(url, queue)
+                rate, cpu = shaped_write(frames[shape], url, {"routingKey": queue, "protocol": "amqp1.0"}, rows)
+                results.setdefault(("sink over AMQP 1.0, 1 partition", shape), []).append((rate, cpu.per_message(rows)))
             pb.declare(url, queue)
             if stream_url and options is not None:
                 asyncio.run(_fresh_stream(options, SINK_STREAM))
@@ -286,9 +321,12 @@ def shape_benchmarks(spark, url: str, stream_url: str | None, queue: str, rows: 
         means = {shape: statistics.mean(rate for rate, _ in results[(path, shape)]) for shape in shapes.SHAPES}
         for shape in shapes.SHAPES:
             versus = ""
-            if not path.startswith("pika"):
+            if not path.startswith(("pika", "PerfTest")):
                 pika = statistics.mean(rate for rate, _ in results[("pika async, 1000 confirms in flight", shape)])
                 versus = f" = {means[shape] / pika:.2f}x pika async"
+                if (PERFTEST_PRODUCER, shape) in results:
+                    perf = statistics.mean(rate for rate, _ in results[(PERFTEST_PRODUCER, shape)])
+                    versus += f", {means[shape] / perf:.2f}x PerfTest"
             used = cpu_text(median_cpu([c for _, c in results[(path, shape)]]))
             print(f"  {path}, {shape:9s}: {means[shape]:9,.0f} msg/s{versus}; CPU us/msg (medians): {used}")
         print(f"  {path}: producer-like / body-only {means['producer'] / means['body-only']:.2f}x")
