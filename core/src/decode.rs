@@ -102,6 +102,18 @@ impl Columns {
         Ok(added)
     }
 
+    /// One message delivered alone (an AMQP 1.0 transfer from a stream: its sections, as a chunk's record holds them)
+    /// at `offset`: whether the row filter kept it (then it is a row); on a Fallback, or filtered out, nothing is added.
+    pub fn add_message(&mut self, rec: &[u8], offset: i64, stream: &str, conv: Conversion, filter: Option<&RowFilter>) -> R<bool> {
+        let (rows, kept_entries) = (self.rows, self.keys.valid.len());
+        let mut entries = Vec::new();
+        let kept = self.record(rec, offset, stream, conv, &mut entries).and_then(|()| filter.map_or(Ok(true), |f| f.keeps(&entries)));
+        if !matches!(kept, Ok(true)) {
+            self.rollback(rows, kept_entries);
+        }
+        kept
+    }
+
     pub fn record<'a>(
         &mut self, rec: &'a [u8], offset: i64, stream: &str, conv: Conversion, entries: &mut Vec<(&'a [u8], V<'a>)>,
     ) -> R<()> {

@@ -13,7 +13,8 @@ use pyo3::types::{PyBytes, PyTuple};
 /// either changes, so that a connector never runs a core it was not written for (it falls back to Python then).
 /// 2: the columns to make (`columns`), and None in `finish` for the others. 3: `basic_properties` (AMQP 0-9-1
 /// content headers to the property columns). 4: `amqp10_records` and `basic_headers` (the sinks' rows
-/// to AMQP 1.0 messages and to AMQP 0-9-1 content-header properties).
+/// to AMQP 1.0 messages and to AMQP 0-9-1 content-header properties), and `Builder.add_message` (a stream's
+/// messages delivered over AMQP 1.0).
 const ABI: u32 = 4;
 
 #[pyclass(module = "spark_amqp_core._core")]
@@ -262,6 +263,26 @@ impl Builder {
                 self.cols.recover(rows, entries);
                 self.fallback = Some("a panic in the core (a bug): the chunk was left to Python");
                 Ok(None)
+            }
+        }
+    }
+
+    /// One message of a stream delivered over AMQP 1.0 (its sections, x-stream-offset as Python zeroes it) at `offset`:
+    /// True when it became a row, False when the row filter left it out, None (nothing added) when it is Python's.
+    fn add_message(&mut self, message: &Bound<'_, PyBytes>, offset: i64) -> Option<bool> {
+        let (rows, entries) = (self.cols.rows, self.cols.keys.valid.len());
+        let (cols, stream, conv, filter) = (&mut self.cols, &self.stream, self.conv, self.filter.as_ref());
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cols.add_message(message.as_bytes(), offset, stream, conv, filter)));
+        match outcome {
+            Ok(Ok(kept)) => Some(kept),
+            Ok(Err(why)) => {
+                self.fallback = Some(why.0);
+                None
+            }
+            Err(_) => {
+                self.cols.recover(rows, entries);
+                self.fallback = Some("a panic in the core (a bug): the message was left to Python");
+                None
             }
         }
     }

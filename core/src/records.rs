@@ -309,20 +309,25 @@ fn headers(rows: &Rows<'_>, i: usize, body: &mut Vec<u8>) -> R<usize> {
     if end < start {
         return fb("map offsets that go back");
     }
-    let mut keys: Vec<&[u8]> = Vec::with_capacity(end - start);
+    let mut keys: Vec<&[u8]> = Vec::new(); // not end - start: offsets from malformed buffers can claim billions
     for j in start..end {
         let key = m.keys.get(j)?.ok_or(Fallback("a null map key"))?;
         if key.len() > 255 {
             return fb("a header key over 255 bytes (Python names it)");
         }
-        if keys.contains(&key) || MERGED.contains(&key) {
+        if MERGED.contains(&key) {
             return fb("a header key Python's dict would merge");
         }
         keys.push(key);
         string(body, key);
         app_value(body, &m.values, j)?;
     }
-    Ok(keys.len())
+    let count = keys.len();
+    keys.sort_unstable(); // a repeated key (sorted, not compared pairwise: a map may hold thousands)
+    if keys.windows(2).any(|w| w[0] == w[1]) {
+        return fb("a repeated header key, which Python's dict would merge");
+    }
+    Ok(count)
 }
 
 /// Row `i` of `rows` as a whole message, appended to `out`.

@@ -51,6 +51,14 @@ class HeldRows:
         checks the whole chunk either way; not taken, nothing was added and the chunk is Python's."""
         return self._builder is not None and self._builder.add(chunk, skip, stop) is not None
 
+    def add_message(self, message: bytes, offset: int) -> bool | None:
+        """Whether the core made the row of one message delivered alone (True), or the row filter left it out (False);
+        None: nothing was added, the message is Python's."""
+        if self._builder is None:
+            return None
+        kept: bool | None = self._builder.add_message(message, offset)
+        return kept
+
     def append(self, row: Row) -> None:
         self.extend([row])
 
@@ -100,19 +108,22 @@ _ARRAYS: dict[str, Callable[[int, Any], pa.Array]] = {
 }
 
 
-def rows_path(stream_protocol: bool = True) -> str:
-    """Which path makes a stream source's rows, in words (``spark_amqp.rows_path``, the source runner's log)."""
+def rows_path(stream_protocol: bool = True, amqp10: bool = False) -> str:
+    """Which path makes a stream source's rows, in words (``spark_amqp.rows_path``, the source runner's log): over the
+    stream protocol, over AMQP 1.0 (each message's row), or over AMQP 0-9-1 (``stream_protocol`` and ``amqp10`` false)."""
+    if amqp10 and core.CORE is not None:
+        return f"rows: {core.PATH}, a row for each message AMQP 1.0 delivers"
     if not stream_protocol:
         if core.CORE is not None:
-            return "rows: pure Python but AMQP 0-9-1's property columns, the compiled core's (whole rows: over the stream protocol only)"
-        return "rows: pure Python (the compiled core reads the stream protocol's chunks and AMQP 0-9-1's property columns; AMQP 1.0 reads are Python's)"
+            return "rows: pure Python but AMQP 0-9-1's property columns, the compiled core's (whole rows: over the stream protocol and AMQP 1.0)"
+        return "rows: pure Python (the compiled core reads the stream protocol's chunks, AMQP 1.0's stream messages and AMQP 0-9-1's property columns)"
     return f"rows: {core.PATH}"
 
 
-def log_rows_path(log: logging.Logger, stream_protocol: bool) -> None:
+def log_rows_path(log: logging.Logger, stream_protocol: bool, amqp10: bool = False) -> None:
     """One line at the start of a source runner: which path makes the rows (a warning where the compiled core should
     run and does not). The executors' Python decides for their tasks; on one machine it is the same."""
-    said = rows_path(stream_protocol)
+    said = rows_path(stream_protocol, amqp10)
     if stream_protocol and core.MISSING:
         log.warning("AMQP source: %s; the stream protocol's reads cost about 15x more CPU without it", said)
     else:

@@ -62,7 +62,7 @@ class StreamPlanner:
         # process returned or was handed (a restart begins with partitions(x, x) of the newest
         # logged offset) stands in for it.
         self.last_end: StreamOffset | None = None
-        log_rows_path(log, options.connection.stream_protocol)
+        log_rows_path(log, options.connection.stream_protocol, options.connection.amqp10)
 
     # -- Spark's calls ---------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from ..amqp10_client import Amqp10Client, Receiver
 from ..amqp10_client.management import queue_info
 from ..errors import AmqpSourceError, ConnectionLost
 from ..reading.stream_consumers import not_a_stream
+from ..stream_protocol import core
 from ..stream_protocol.rows import Conversion, RowMaker
 from . import expression_filters
 from .options import StreamSourceOptions
@@ -59,7 +60,12 @@ class Amqp10RangeReader(AmqpRangeReader):
                 f"stream mode over AMQP 1.0 reads RabbitMQ streams (x-stream-offset), which {product} does not have: read a "
                 "queue with option 'queue'"
             )
-        self.rows_of = RowMaker(self.part.stream, Conversion.of(link_client.server_version), self.options.made)
+        conversion = Conversion.of(link_client.server_version)
+        self.rows_of = RowMaker(self.part.stream, conversion, self.options.made)
+        # The compiled core makes each message's row where it can (as over the stream protocol, the same sections).
+        f = self.row_filter
+        values, unfiltered = (None, False) if f is None else (f.values, f.match_unfiltered)
+        self.rows.use(core.builder(self.part.stream, conversion, values, unfiltered, self.options.made))
         # A classic or quorum queue would hand its messages over (and take them back redelivered): ask first.
         kind = (await queue_info(link_client, self.part.stream)).get("type")
         if kind != "stream":
@@ -172,9 +178,10 @@ class Amqp10RangeReader(AmqpRangeReader):
             self.arrived.set()
             return
         assert self.rows_of is not None
-        row = self.rows_of.row(message, offset)
-        if self._offered(offset) and (self.row_filter is None or self.row_filter.keeps(row[5])):
-            self.rows.append(row)
+        if self._offered(offset) and self.rows.add_message(message, offset) is None:
+            row = self.rows_of.row(message, offset)
+            if self.row_filter is None or self.row_filter.keeps(row[5]):
+                self.rows.append(row)
         self.arrived.set()
 
 

@@ -12,20 +12,20 @@ from spark_amqp.streams.planner import StreamPlanner
 from . import helpers
 
 
-@pytest.fixture(params=["amqp", "stream-protocol", "stream-protocol-python", "amqp1.0"])
+@pytest.fixture(params=["amqp", "stream-protocol", "stream-protocol-python", "amqp1.0", "amqp1.0-python"])
 def read_over(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """The protocol ``helpers.options`` reads over: the test's AMQP 0-9-1 url, the same broker's stream-protocol
     url (with the compiled core where it is installed, and again on the pure-Python path: ``stream-protocol-python``),
-    or its AMQP 0-9-1 url with protocol=amqp1.0 (RabbitMQ 4.x). A module that must behave the same over all asks for
+    or its AMQP 0-9-1 url with protocol=amqp1.0 (RabbitMQ 4.x; again on the pure-Python path: ``amqp1.0-python``). A module that must behave the same over all asks for
     it for every test (``usefixtures``); tests of what only the AMQP 0-9-1 reader does are marked ``amqp_only``."""
     if request.param != "amqp" and request.node.get_closest_marker("amqp_only"):
         pytest.skip("what only the AMQP 0-9-1 reader does")
     over = request.param
-    if over == "stream-protocol-python":
+    if over.endswith("-python"):
+        over = over.removesuffix("-python")
         if core.CORE is None:
-            pytest.skip("no compiled core here: stream-protocol ran on the pure-Python path already")
+            pytest.skip(f"no compiled core here: {over} ran on the pure-Python path already")
         monkeypatch.setattr(core, "CORE", None)  # read_range's readers ask for it as they connect
-        over = "stream-protocol"
     helpers.READ_OVER[0] = over
     yield over
     helpers.READ_OVER[0] = "amqp"

@@ -93,9 +93,9 @@ def test_the_batches_hold_the_columns_asked_for_with_a_full_read_s_values(
 
 
 def core_reads(read_over: str, broker_version: tuple[int, int]) -> bool:
-    """Whether the compiled core makes the rows (else Python does): over the stream protocol, where it is installed, from
-    RabbitMQ 4.x (3.x's conversion is Python's alone)."""
-    return core.CORE is not None and read_over == "stream-protocol" and broker_version >= (4, 0)
+    """Whether the compiled core makes the rows (else Python does): over the stream protocol and AMQP 1.0, where it is
+    installed, from RabbitMQ 4.x (3.x's conversion is Python's alone)."""
+    return core.CORE is not None and read_over in ("stream-protocol", "amqp1.0") and broker_version >= (4, 0)
 
 
 def test_body_and_offset_decode_no_message_s_properties(
