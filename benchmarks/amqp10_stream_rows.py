@@ -19,11 +19,10 @@ import sys
 import time
 import uuid
 
-import pika
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import shapes
+from stream_throughput import declare_stream, delete_queue
 
 from spark_amqp.sink.options import parse_sink_options
 from spark_amqp.sink.producers import producer_for
@@ -32,18 +31,6 @@ from spark_amqp.stream_protocol import core
 from spark_amqp.streams.options import parse_stream_options
 from spark_amqp.streams.range_reader import read_range
 from spark_amqp.streams.ranges import StreamRange
-
-
-def declare(url: str, stream: str) -> None:
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    conn.channel().queue_declare(stream, durable=True, arguments={"x-queue-type": "stream"})
-    conn.close()
-
-
-def delete(url: str, stream: str) -> None:
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    conn.channel().queue_delete(stream)
-    conn.close()
 
 
 def preload(stream_url: str, stream: str, shape: str, count: int) -> None:
@@ -81,8 +68,7 @@ def main() -> None:
     print(f"{args.messages:,} messages a stream, read over AMQP 1.0 ({core.PATH}); load {os.getloadavg()[0]:.2f}")
     for shape in shapes.SHAPES:
         stream = f"bench-amqp10-rows-{shape}"
-        delete(args.url, stream)
-        declare(args.url, stream)
+        declare_stream(args.url, stream)  # afresh: pika_baseline.declare deletes it first
         preload(args.stream_url, stream, shape, args.messages)
         read(args.url, stream, args.messages, True)  # warm-up: imports, the first connection
         results: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
@@ -94,7 +80,7 @@ def main() -> None:
             rate = statistics.median(w for _, w in results[compiled])
             path = "compiled core" if compiled else "pure Python  "
             print(f"  {shape:13s} {path}: {cpu:6.1f} us of CPU a message, {rate:9,.0f} msg/s (medians of {args.rounds})")
-        delete(args.url, stream)
+        delete_queue(args.url, stream)
     print(f"load after: {os.getloadavg()[0]:.2f}")
 
 

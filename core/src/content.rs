@@ -4,36 +4,8 @@
 //! not write as pamqp would (a value Python refuses, a key pamqp would truncate, a float past 32 bits) is a `Fallback`:
 //! the batch is then Python's.
 use crate::amqp::{fb, Fallback, R};
-use crate::records::{bit, bound, octet, seconds, short, valid, Map, Rows, Values};
-use crate::records::{APP_ID, CONTENT_ENCODING, CONTENT_TYPE, CORRELATION_ID, EXPIRATION, MESSAGE_ID, REPLY_TO, TYPE, USER_ID};
-
-/// A table value as the row holds it, before it is encoded.
-#[derive(Clone, Copy)]
-enum Value<'a> {
-    Null,
-    Str(&'a [u8]),
-    Bytes(&'a [u8]),
-    Bool(bool),
-    Long(i64),
-    Double(f64),
-}
-
-fn value<'a>(values: &Values<'a>, j: usize) -> R<Value<'a>> {
-    Ok(match values {
-        Values::Str(c) => c.get(j)?.map_or(Value::Null, Value::Str),
-        Values::Bin(c) => c.get(j)?.map_or(Value::Null, Value::Bytes),
-        Values::Bool(c) => {
-            let at = c.offset + j;
-            if valid(c.valid, at)? {
-                Value::Bool(bit(c.values, at)?)
-            } else {
-                Value::Null
-            }
-        }
-        Values::Long(c) => c.long(j)?.map_or(Value::Null, Value::Long),
-        Values::Double(c) => c.get(j)?.map_or(Value::Null, |le| Value::Double(f64::from_le_bytes(le))),
-    })
-}
+use crate::records::{bound, delivery_mode, expiration, octet, seconds, short, valid, value, Map, Rows, Value};
+use crate::records::{APP_ID, CONTENT_ENCODING, CONTENT_TYPE, CORRELATION_ID, MESSAGE_ID, REPLY_TO, TYPE, USER_ID};
 
 fn long_bytes(out: &mut Vec<u8>, code: u8, raw: &[u8]) -> R<()> {
     let size = u32::try_from(raw.len()).map_err(|_| Fallback("a table value over 4 GiB"))?;
@@ -73,12 +45,8 @@ fn encode(out: &mut Vec<u8>, v: Value<'_>) -> R<()> {
             }
         }
         Value::Double(d) => {
-            let f = d as f32;
-            if f.is_infinite() && d.is_finite() {
-                return fb("a header float past 32 bits' range (Python names it)");
-            }
-            out.push(b'f');
-            out.extend_from_slice(&f.to_be_bytes());
+            out.push(b'f'); // a value past a float's range was refused as it was read
+            out.extend_from_slice(&(d as f32).to_be_bytes());
         }
     }
     Ok(())
@@ -155,16 +123,8 @@ impl Header {
 /// Row `i`'s properties as a content header carries them after its body size: the flag word, then each property.
 pub fn properties(out: &mut Vec<u8>, rows: &Rows<'_>, i: usize, filter: Option<&str>, persistent: bool) -> R<()> {
     let s = |at| short(rows, at, i);
-    let expiration = s(EXPIRATION)?;
-    if expiration.is_some_and(|e| e.is_empty() || !e.iter().all(u8::is_ascii_digit)) {
-        return fb("an expiration Python refuses or parses itself");
-    }
-    let mode = match octet(&rows.delivery_mode, i)? {
-        Some(m @ (1 | 2)) => Some(m),
-        Some(_) => return fb("a delivery_mode other than 1 or 2 (Python names it)"),
-        None if persistent => Some(2),
-        None => None,
-    };
+    let expiration = expiration(rows, i)?;
+    let mode = delivery_mode(rows, i, persistent)?;
     let priority = octet(&rows.priority, i)?;
     let timestamp = seconds(&rows.timestamp, i)?;
     let headers = table(&rows.headers, i, filter)?;

@@ -258,44 +258,73 @@ pub(crate) fn seconds(col: &Option<(Ints<'_>, Clock)>, i: usize) -> R<Option<i64
     Ok(Some(s))
 }
 
-/// The map's entry `j` value as an application property (spark_amqp/sink/amqp10_messages.py's `_app_value`).
-fn app_value(out: &mut Vec<u8>, values: &Values<'_>, j: usize) -> R<()> {
-    match values {
-        Values::Str(c) | Values::Bin(c) => match c.get(j)? {
-            None => out.push(0x40),
-            Some(raw) if matches!(values, Values::Str(_)) => string(out, raw),
-            Some(raw) => var(out, 0xa0, 0xb0, raw),
-        },
+/// A header value as the row holds it, before either sink encodes it.
+#[derive(Clone, Copy)]
+pub(crate) enum Value<'a> {
+    Null,
+    Str(&'a [u8]),
+    Bytes(&'a [u8]),
+    Bool(bool),
+    Long(i64),
+    Double(f64),
+}
+
+/// The map's entry `j` value. A finite double past a float's range is refused: Python checks every header as the
+/// AMQP 0-9-1 sink encodes it, where pamqp writes a float in 32 bits.
+pub(crate) fn value<'a>(values: &Values<'a>, j: usize) -> R<Value<'a>> {
+    Ok(match values {
+        Values::Str(c) => c.get(j)?.map_or(Value::Null, Value::Str),
+        Values::Bin(c) => c.get(j)?.map_or(Value::Null, Value::Bytes),
         Values::Bool(c) => {
             let at = c.offset + j;
-            if !valid(c.valid, at)? {
-                out.push(0x40);
+            if valid(c.valid, at)? {
+                Value::Bool(bit(c.values, at)?)
             } else {
-                out.push(if bit(c.values, at)? { 0x41 } else { 0x42 });
+                Value::Null
             }
         }
-        Values::Long(c) => match c.get(j)? {
-            None => out.push(0x40),
-            Some(le) => {
-                out.push(0x81);
-                out.extend_from_slice(&i64::from_le_bytes(le).to_be_bytes());
-            }
+        Values::Long(c) => c.long(j)?.map_or(Value::Null, Value::Long),
+        Values::Double(c) => match c.get(j)?.map(f64::from_le_bytes) {
+            None => Value::Null,
+            Some(d) if (d as f32).is_infinite() && d.is_finite() => return fb("a header float past 32 bits' range (Python names it)"),
+            Some(d) => Value::Double(d),
         },
-        Values::Double(c) => match c.get(j)? {
-            None => out.push(0x40),
-            Some(le) => {
-                let v = f64::from_le_bytes(le);
-                // Python checks every header as the AMQP 0-9-1 sink encodes it, where pamqp writes a float as 32 bits:
-                // a finite value past a float's range is refused there.
-                if (v as f32).is_infinite() && v.is_finite() {
-                    return fb("a header float past 32 bits' range (Python names it)");
-                }
-                out.push(0x82);
-                out.extend_from_slice(&v.to_be_bytes());
-            }
-        },
+    })
+}
+
+/// A header value as an application property (spark_amqp/sink/amqp10_messages.py's `_app_value`).
+fn app_value(out: &mut Vec<u8>, v: Value<'_>) {
+    match v {
+        Value::Null => out.push(0x40),
+        Value::Str(raw) => string(out, raw),
+        Value::Bytes(raw) => var(out, 0xa0, 0xb0, raw),
+        Value::Bool(b) => out.push(if b { 0x41 } else { 0x42 }),
+        Value::Long(i) => {
+            out.push(0x81);
+            out.extend_from_slice(&i.to_be_bytes());
+        }
+        Value::Double(d) => {
+            out.push(0x82);
+            out.extend_from_slice(&d.to_be_bytes());
+        }
     }
-    Ok(())
+}
+
+/// The delivery mode a row is written with, as Python checks it: 1 or 2, else 2 with option `persistent`.
+pub(crate) fn delivery_mode(rows: &Rows<'_>, i: usize, persistent: bool) -> R<Option<u8>> {
+    match octet(&rows.delivery_mode, i)? {
+        Some(m @ (1 | 2)) => Ok(Some(m)),
+        Some(_) => fb("a delivery_mode other than 1 or 2 (Python names it)"),
+        None => Ok(persistent.then_some(2)),
+    }
+}
+
+/// The expiration, as Python checks it: digits (ASCII ones; Python parses others itself).
+pub(crate) fn expiration<'a>(rows: &Rows<'a>, i: usize) -> R<Option<&'a [u8]>> {
+    match short(rows, EXPIRATION, i)? {
+        Some(e) if e.is_empty() || !e.iter().all(u8::is_ascii_digit) => fb("an expiration Python refuses or parses itself"),
+        e => Ok(e),
+    }
 }
 
 /// Row `i`'s headers as application properties (key, encoded value), each key checked as Python checks it.
@@ -320,7 +349,7 @@ fn headers(rows: &Rows<'_>, i: usize, body: &mut Vec<u8>) -> R<usize> {
         }
         keys.push(key);
         string(body, key);
-        app_value(body, &m.values, j)?;
+        app_value(body, value(&m.values, j)?);
     }
     let count = keys.len();
     keys.sort_unstable(); // a repeated key (sorted, not compared pairwise: a map may hold thousands)
@@ -334,18 +363,12 @@ fn headers(rows: &Rows<'_>, i: usize, body: &mut Vec<u8>) -> R<usize> {
 pub fn record(out: &mut Vec<u8>, rows: &Rows<'_>, i: usize, route: &Route<'_>, conv: Conversion, body: &[u8]) -> R<()> {
     let s = |at| short(rows, at, i);
     let (message_id, correlation_id, user_id, reply_to) = (s(MESSAGE_ID)?, s(CORRELATION_ID)?, s(USER_ID)?, s(REPLY_TO)?);
-    let (content_type, content_encoding, kind, app_id, expiration) = (s(CONTENT_TYPE)?, s(CONTENT_ENCODING)?, s(TYPE)?, s(APP_ID)?, s(EXPIRATION)?);
+    let (content_type, content_encoding, kind, app_id) = (s(CONTENT_TYPE)?, s(CONTENT_ENCODING)?, s(TYPE)?, s(APP_ID)?);
     let priority = octet(&rows.priority, i)?;
-    let mode = match octet(&rows.delivery_mode, i)? {
-        Some(m @ (1 | 2)) => Some(m),
-        Some(_) => return fb("a delivery_mode other than 1 or 2 (Python names it)"),
-        None if conv.persistent => Some(2),
-        None => None,
-    };
+    let mode = delivery_mode(rows, i, conv.persistent)?;
     let timestamp = seconds(&rows.timestamp, i)?;
-    let ttl = match expiration {
+    let ttl = match expiration(rows, i)? {
         None => None,
-        Some(e) if e.is_empty() || !e.iter().all(u8::is_ascii_digit) => return fb("an expiration Python refuses or parses itself"),
         Some(e) if conv.legacy => Some((e, 0)),
         Some(e) => {
             let ms = std::str::from_utf8(e).ok().and_then(|t| t.parse::<u32>().ok()).ok_or(Fallback("a ttl over an AMQP uint (Python names it)"))?;

@@ -237,9 +237,7 @@ class MessageBuilder:
         made = basic_headers(columns, n, filters, self.options.persistent)
         if made is not None:
             return made
-        rows = self._raw_properties(columns, n, filters is not None)
-        if rows is None:
-            return None
+        rows = self._raw_properties(columns, n, always=True) or []
         out = []
         persistent = 2 if self.options.persistent else None
         for i, row in enumerate(rows):

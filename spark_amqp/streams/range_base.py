@@ -21,6 +21,8 @@ from typing import Any
 import pyarrow as pa
 
 from ..errors import AmqpSourceError, ConnectionLost, InternalError, Unchecked, explain, is_transient
+from ..stream_protocol import core
+from ..stream_protocol.rows import Conversion
 from ..transport.backoff import Backoff
 from ..transport.outage import Outage
 from . import filtering
@@ -75,6 +77,13 @@ class RangeReader:
         # the caller asks again (``_refill``): every await in the loop (a check, a reconnect) reads on, and a
         # task's memory must not grow to the whole range while Spark has not taken the rows.
         self.limit = 1
+
+    def _use_core(self, conversion: Conversion) -> None:
+        """Make the rows with the compiled core from now on where it serves ``conversion`` (with the row filter and the
+        columns the query asks for), else in Python (``RowMaker``)."""
+        f = self.row_filter
+        values, unfiltered = (None, False) if f is None else (f.values, f.match_unfiltered)
+        self.rows.use(core.builder(self.part.stream, conversion, values, unfiltered, self.options.made))
 
     @property
     def exhausted(self) -> bool:

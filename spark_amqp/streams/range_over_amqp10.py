@@ -19,7 +19,6 @@ from ..amqp10_client import Amqp10Client, Receiver
 from ..amqp10_client.management import queue_info
 from ..errors import AmqpSourceError, ConnectionLost
 from ..reading.stream_consumers import not_a_stream
-from ..stream_protocol import core
 from ..stream_protocol.rows import Conversion, RowMaker
 from . import expression_filters
 from .options import StreamSourceOptions
@@ -62,10 +61,7 @@ class Amqp10RangeReader(AmqpRangeReader):
             )
         conversion = Conversion.of(link_client.server_version)
         self.rows_of = RowMaker(self.part.stream, conversion, self.options.made)
-        # The compiled core makes each message's row where it can (as over the stream protocol, the same sections).
-        f = self.row_filter
-        values, unfiltered = (None, False) if f is None else (f.values, f.match_unfiltered)
-        self.rows.use(core.builder(self.part.stream, conversion, values, unfiltered, self.options.made))
+        self._use_core(conversion)  # each message's row where the core can (the sections of a chunk's record)
         # A classic or quorum queue would hand its messages over (and take them back redelivered): ask first.
         kind = (await queue_info(link_client, self.part.stream)).get("type")
         if kind != "stream":

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ConnectionLost
-from ..stream_protocol import chunks, core
+from ..stream_protocol import chunks
 from ..stream_protocol.client import OffsetSpec, StreamClient
 from ..stream_protocol.rows import Conversion, RowMaker
 from ..stream_protocol.topology import connect_to_member
@@ -66,9 +66,7 @@ class ProtocolRangeReader(RangeReader):
         conversion = Conversion.of(client.server_version)
         made = self.options.made  # the columns the query asks for (and what the row filter reads): no others are decoded
         self.maker = RowMaker(self.part.stream, conversion, made)
-        f = self.row_filter
-        values, unfiltered = (None, False) if f is None else (f.values, f.match_unfiltered)
-        self.rows.use(core.builder(self.part.stream, conversion, values, unfiltered, made))
+        self._use_core(conversion)
         await self.access.require(client, self.options)
 
     async def _subscribe(self) -> None:
