@@ -23,8 +23,9 @@ from ..amqp10_client import Amqp10Client
 from ..amqp10_client.links import Receiver
 from ..amqp10_client.management import bind, declare_queue, queue_info
 from ..errors import AmqpProtocolError, AmqpSourceError, ConnectionLost, OtherConsumers, StreamInQueueMode, is_transient
-from ..stream_protocol.rows import STANDARD, Conversion, RowMaker
+from ..stream_protocol.rows import STANDARD, Conversion
 from ..transport.backoff import Backoff
+from .amqp10_rows import QueueRows
 from .channel_policy import ChannelPolicy
 from .inbox import AckConfirmed, Delivery, SessionClosed
 from .io_session import IoSession
@@ -126,7 +127,7 @@ class Amqp10Session(IoSession):
         # Artemis marks a redelivery only sometimes (delivery-count 1 after some lost connections, never after a
         # release, a detach or a clean close): there Intake checks every delivery against the copies it expects.
         self.marks_redeliveries = client.rabbitmq
-        rows = RowMaker(queue, Conversion.of(client.server_version) if client.rabbitmq else STANDARD)
+        rows = QueueRows(queue, Conversion.of(client.server_version) if client.rabbitmq else STANDARD)
         try:
             await self._prepare(client, queue)
         except ConnectionLost:
@@ -183,7 +184,7 @@ class Amqp10Session(IoSession):
                 return
             await asyncio.sleep(backoff.next())
 
-    def _on_delivery(self, client: Amqp10Client, link: _Link, rows: RowMaker) -> Any:
+    def _on_delivery(self, client: Amqp10Client, link: _Link, rows: QueueRows) -> Any:
         inbox, session, queue = self.inbox, link.session, link.queue
         make = tuple.__new__
         first = True
@@ -195,7 +196,7 @@ class Amqp10Session(IoSession):
             self._last_id = delivery_id
             tag = (self._wraps << 32) | delivery_id
             link.add(tag)
-            body, _, exchange, key, _, props = rows.row(message, 0)
+            body, exchange, key, props = rows.row(message)
             if first:
                 first = False
                 if b"x-stream-offset" in message[: len(message) - len(body)]:

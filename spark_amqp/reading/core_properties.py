@@ -1,4 +1,5 @@
-"""AMQP 0-9-1 deliveries' property columns made by the compiled core (``spark_amqp_core.basic_properties``).
+"""Queue deliveries' property columns made by the compiled core: AMQP 0-9-1's from their content headers
+(``spark_amqp_core.basic_properties``), AMQP 1.0's from their sections before the body (``Builder.add_message``).
 
 The core decodes a batch's raw content headers (what ``LazyProperties`` keeps) and renders the headers as
 ``arrow.render_header`` does, in one call, and hands the columns over as Arrow buffers. It takes a batch whole or not
@@ -6,7 +7,9 @@ at all: ``property_arrays`` gives None, and the Python path makes the columns, w
 (``stream_protocol.core``: none installed, another ABI, ``SPARK_AMQP_PURE_PYTHON=1``), where a message's properties
 were already decoded (``pop_long_header`` may have changed them since), and for every header the core leaves to Python
 (nested tables and arrays, decimals, unknown field types, repeated or non-UTF-8 keys, anything truncated). Both paths
-give equal Arrow data: tests/queues/test_core_properties*.py.
+give equal Arrow data: tests/queues/test_core_properties*.py. Over AMQP 1.0 (``queues.amqp10_rows.LazySections``)
+the core leaves a batch to Python where it would leave a stream's message (``stream_protocol.core``), and on RabbitMQ
+3.x's conversion, which only Python has: tests/queues/test_core_sections.py.
 """
 
 from __future__ import annotations
@@ -19,12 +22,16 @@ import pyarrow as pa
 from ..property_columns import INT_PROPERTIES, STRING_PROPERTIES
 from ..stream_protocol import core
 
-__all__ = ["PROPERTY_ARRAYS", "property_arrays", "variable_array"]
+__all__ = ["BUILDER_COLUMNS", "PROPERTY_ARRAYS", "property_arrays", "variable_array"]
 
 _HEADERS_TYPE = pa.map_(pa.string(), pa.string())
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
 # What basic_properties gives, in this order (None for a column not asked for).
 _COLUMNS = (*STRING_PROPERTIES, *INT_PROPERTIES, "timestamp", "headers", "raw_header")
+# What Builder.finish gives after the row count, in STREAM_ARROW_SCHEMA's order (raw_header, always null, left out).
+# The property columns a stream message's sections give (raw_header is an AMQP 0-9-1 reader's only).
+_SECTION_COLUMNS = _COLUMNS[:-1]
+BUILDER_COLUMNS = ("body", "queue", "exchange", "routing_key", "offset", *STRING_PROPERTIES, *INT_PROPERTIES, "timestamp", "headers")
 
 
 def property_arrays(props: Sequence[Any], wanted: Sequence[str]) -> list[pa.Array] | None:
@@ -32,6 +39,8 @@ def property_arrays(props: Sequence[Any], wanted: Sequence[str]) -> list[pa.Arra
     module = core.CORE
     if module is None or not props:
         return None
+    if hasattr(props[0], "core_sections"):
+        return _from_sections(props, wanted)
     try:
         headers = [p.core_header for p in props]
     except AttributeError:  # not LazyProperties: pika's in tests, the stream protocol's rows
@@ -44,6 +53,25 @@ def property_arrays(props: Sequence[Any], wanted: Sequence[str]) -> list[pa.Arra
     n = len(props)
     made = dict(zip(_COLUMNS, parts, strict=True))
     return [PROPERTY_ARRAYS[name](n, made[name]) for name in wanted]
+
+
+def _from_sections(props: Sequence[Any], wanted: Sequence[str]) -> list[pa.Array] | None:
+    """AMQP 1.0 deliveries' property columns from their sections before the body, each added to one builder. Every
+    property column is made, whatever ``wanted`` says: Python decodes them all (the ledger reads a delivery's headers
+    and timestamp), so a value it refuses in a column nobody asked for fails the batch on both paths."""
+    n = len(props)
+    builder = core.builder("", props[0].conversion, None, False, _SECTION_COLUMNS)
+    if builder is None:
+        return None
+    add = builder.add_message
+    try:
+        for p in props:
+            if add(p.core_sections, 0) is None:
+                return None
+    except AttributeError:  # a delivery decoded whole as it arrived (an amqp-value body) among them
+        return None
+    columns = dict(zip(BUILDER_COLUMNS, builder.finish()[1:], strict=True))
+    return [pa.nulls(n, pa.binary()) if name == "raw_header" else PROPERTY_ARRAYS[name](n, columns[name]) for name in wanted]
 
 
 def _buffer(data: bytes | None) -> pa.Buffer | None:

@@ -39,7 +39,7 @@ from .. import amqp10
 from ..amqp10.types import Described, Opaque, Timestamp
 from ..property_columns import INT_PROPERTIES, STRING_PROPERTIES
 
-__all__ = ["STANDARD", "Conversion", "RowMaker", "StreamProperties", "split"]
+__all__ = ["STANDARD", "Conversion", "RowMaker", "StreamProperties", "sized", "split"]
 
 _NONE = (None,) * 14
 _I = struct.Struct(">I")
@@ -74,8 +74,16 @@ def split(record: bytes) -> tuple[int, bytes | None]:
     The body is None for several data sections or an amqp-value body (``amqp10.sections`` decodes
     those whole), and the start is ``len(record)`` when a section before the body is not sized so.
     """
+    start, body, _ = sized(record)
+    return start, body
+
+
+def sized(record: bytes) -> tuple[int, bytes | None, bytes]:
+    """``split``'s, and the bytes of the header and message-annotations sections (what a delivery's redelivered flag,
+    exchange and routing key come from: ``RowMaker.route``), found on the way."""
     pos = 0
     n = len(record)
+    head = b""
     try:
         while pos < n and record[pos] == 0x00 and record[pos + 1] == 0x53:
             code = record[pos + 2]
@@ -83,21 +91,24 @@ def split(record: bytes) -> tuple[int, bytes | None]:
             at = pos + 4
             if code in _BODY_SECTIONS:
                 if code == amqp10.DATA and kind in (0xA0, 0xB0):
-                    size, head = (record[at], 1) if kind == 0xA0 else (_I.unpack_from(record, at)[0], 4)
-                    if at + head + size == n:
-                        return pos, record[at + head : n]
-                return pos, None
+                    size, width = (record[at], 1) if kind == 0xA0 else (_I.unpack_from(record, at)[0], 4)
+                    if at + width + size == n:
+                        return pos, record[at + width : n], head
+                return pos, None, head
             if kind in (0xC0, 0xC1):
-                pos = at + 1 + record[at]
+                end = at + 1 + record[at]
             elif kind in (0xD0, 0xD1):
-                pos = at + 4 + _I.unpack_from(record, at)[0]
+                end = at + 4 + _I.unpack_from(record, at)[0]
             elif kind in (0x40, 0x45):  # null, empty list
-                pos = at
+                end = at
             else:
                 break
+            if code == amqp10.HEADER or code == amqp10.MESSAGE_ANNOTATIONS:
+                head += record[pos:end]
+            pos = end
     except (IndexError, struct.error):
         pass
-    return n, None
+    return n, None, head
 
 
 class StreamProperties:
@@ -116,12 +127,12 @@ class StreamProperties:
         self.columns = columns
         self.redelivered = redelivered
 
-    message_id = property(lambda self: self.columns[0])
-    correlation_id = property(lambda self: self.columns[1])
-    content_type = property(lambda self: self.columns[2])
-    type = property(lambda self: self.columns[4])
-    timestamp = property(lambda self: self.columns[11])
-    headers = property(lambda self: self.columns[12])
+    message_id = property(lambda self: self.arrow_row()[0])
+    correlation_id = property(lambda self: self.arrow_row()[1])
+    content_type = property(lambda self: self.arrow_row()[2])
+    type = property(lambda self: self.arrow_row()[4])
+    timestamp = property(lambda self: self.arrow_row()[11])
+    headers = property(lambda self: self.arrow_row()[12])
 
     @property
     def shared_key(self) -> bytes:
@@ -132,7 +143,7 @@ class StreamProperties:
 
     def text_header(self, key: str) -> str | None:
         """A header that is text (or bytes taken as UTF-8), as ``LazyProperties.text_header`` reads it."""
-        headers = self.columns[12]
+        headers = self.arrow_row()[12]
         value = headers.get(key) if headers else None
         if isinstance(value, bytes | bytearray):
             return bytes(value).decode("utf-8", "replace")
@@ -202,20 +213,30 @@ class RowMaker:
             body = parts.body if parts.body is not None else _value_body(parts.value)
         return (body, self.stream, None, None, offset, _NOT_DECODED)  # type: ignore[return-value]
 
+    def route(self, head: bytes) -> tuple[str, str, bool]:
+        """The exchange, routing key and redelivered flag of ``head``, a message's header and message-annotations
+        sections (``sized``)."""
+        return _route(amqp10.sections(head), self.stream)
+
+    def properties(self, prefix: bytes) -> tuple[Any, ...]:
+        """The property columns of ``prefix``, a message's sections before its body: no cache is touched, so another
+        thread than the one making rows may call it (queue mode's batches, ``queues.amqp10_rows``)."""
+        return _columns(amqp10.sections(prefix), self.conversion, self._wanted)
+
     def _decode(self, prefix: bytes, parts: amqp10.Sections) -> tuple[str, str, StreamProperties]:
         """The routing and property columns of ``parts``, the sections of ``prefix`` (and perhaps a body)."""
-        ann = parts.annotations
         # Even no sections at all convert to something: 4.0 reads a message without a header as persistent.
-        columns = _columns(parts, self.conversion, self._wanted)
-        header = parts.header
-        # first-acquirer counts only when sent as false: ActiveMQ Artemis leaves it out (false, by the standard) on first
-        # deliveries too, and marks a message that came back with delivery-count alone; RabbitMQ sends true, then false.
-        redelivered = (len(header) > 3 and header[3] is False) or (len(header) > 4 and bool(header[4]))
-        return (
-            str(ann.get("x-exchange") or ""),
-            str(ann.get("x-routing-key", self.stream)),
-            StreamProperties(prefix, columns, redelivered),
-        )
+        exchange, key, redelivered = _route(parts, self.stream)
+        return exchange, key, StreamProperties(prefix, _columns(parts, self.conversion, self._wanted), redelivered)
+
+
+def _route(parts: amqp10.Sections, stream: str) -> tuple[str, str, bool]:
+    ann = parts.annotations
+    header = parts.header
+    # first-acquirer counts only when sent as false: ActiveMQ Artemis leaves it out (false, by the standard) on first
+    # deliveries too, and marks a message that came back with delivery-count alone; RabbitMQ sends true, then false.
+    redelivered = (len(header) > 3 and header[3] is False) or (len(header) > 4 and bool(header[4]))
+    return str(ann.get("x-exchange") or ""), str(ann.get("x-routing-key", stream)), redelivered
 
 
 def _value_body(value: Any) -> bytes:

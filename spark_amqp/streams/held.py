@@ -15,9 +15,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..property_columns import INT_PROPERTIES, STRING_PROPERTIES
 from ..reading import arrow
-from ..reading.core_properties import PROPERTY_ARRAYS, variable_array
+from ..reading.core_properties import BUILDER_COLUMNS, PROPERTY_ARRAYS, variable_array
 from ..reading.projection import Projection
 from ..stream_protocol import core
 
@@ -92,14 +91,12 @@ def to_batch(parts: tuple[Any, ...], columns: Projection | None = None) -> pa.Re
     buffers become the arrays' own (``pa.Array.from_buffers``), nothing is converted value by value. The core gives
     None for a column it did not make."""
     n, *buffers = parts
-    made = dict(zip(_CORE_COLUMNS, buffers, strict=True))
+    made = dict(zip(BUILDER_COLUMNS, buffers, strict=True))
     names = arrow.STREAM_ARROW_SCHEMA.names if columns is None else columns.names
     arrays = [pa.nulls(n, pa.binary()) if name == "raw_header" else _ARRAYS[name](n, made[name]) for name in names]
     return pa.RecordBatch.from_arrays(arrays, schema=arrow.STREAM_ARROW_SCHEMA if columns is None else columns.schema)
 
 
-# What Builder.finish gives after the row count, in STREAM_ARROW_SCHEMA's order (raw_header, always null, left out).
-_CORE_COLUMNS = ("body", "queue", "exchange", "routing_key", "offset", *STRING_PROPERTIES, *INT_PROPERTIES, "timestamp", "headers")
 _ARRAYS: dict[str, Callable[[int, Any], pa.Array]] = {
     "body": lambda n, c: variable_array(pa.binary(), n, c),
     **{name: (lambda n, c: variable_array(pa.string(), n, c)) for name in ("queue", "exchange", "routing_key")},

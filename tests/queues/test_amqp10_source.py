@@ -19,6 +19,8 @@ from spark_amqp.queues.inbox import Delivery
 from spark_amqp.queues.intake import Intake
 from spark_amqp.queues.ledger import RedeliveryFilter, fingerprint
 from spark_amqp.queues.options import parse_source_options
+from spark_amqp.reading import core_properties
+from spark_amqp.stream_protocol import core
 from spark_amqp.streams.options import parse_stream_options
 
 from .. import amqp10_fixtures
@@ -52,8 +54,24 @@ def _publish_ids(url: str, queue: str, n: int) -> None:
     publish(url, queue, [b"m%d" % i for i in range(n)], declare=False, message_id=lambda i: f"id-{i}")
 
 
+@pytest.mark.parametrize("path", ["core", "python"])
 @pytest.mark.parametrize("kind", ["classic", "quorum"])
-def test_rows_are_the_rows_amqp_0_9_1_reads(url: str, queues: Any, kind: str) -> None:
+def test_rows_are_the_rows_amqp_0_9_1_reads(url: str, queues: Any, kind: str, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On both paths: the compiled core makes the property columns of a batch over AMQP 1.0 (``reading.core_properties``)
+    where it is installed, Python otherwise."""
+    if path == "core" and core.CORE is None:
+        pytest.skip(f"no compiled core: {core.PATH}")
+    made: list[bool] = []
+    real = core_properties._from_sections
+
+    def spy(props: Any, wanted: Any) -> Any:
+        arrays = real(props, wanted)
+        made.append(arrays is not None)
+        return arrays
+
+    monkeypatch.setattr(core_properties, "_from_sections", spy)
+    if path == "python":
+        monkeypatch.setattr(core, "CORE", None)
     one, other = queues(kind), queues(kind)
     when = datetime.datetime(2024, 1, 2, 3, 4, 5, tzinfo=datetime.UTC)
     props = [
@@ -108,6 +126,7 @@ def test_rows_are_the_rows_amqp_0_9_1_reads(url: str, queues: Any, kind: str) ->
     assert rows_091[2]["headers"] == [] and rows_10[2]["headers"] is None
     assert [comparable(r) for r in rows_10] == expected
     assert [r["routing_key"] for r in rows_10] == [other] * 3 and [r["queue"] for r in rows_10] == [other] * 3
+    assert (made and all(made)) if path == "core" else not made, f"the core made the property columns of batches: {made}"
 
 
 def test_every_message_once_with_credit_as_the_prefetch_window(url: str, queues: Any) -> None:
