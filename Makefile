@@ -99,7 +99,7 @@ STREAMCLIENT_STAMP := $(STREAMCLIENT_DIR)/.stamp
 STREAMCLIENT_CLASS := $(STREAMCLIENT_DIR)/classes/StreamConsume.class
 INTEROP_CLASS := $(STREAMCLIENT_DIR)/classes/StreamInterop.class
 
-.PHONY: install jars perftest streamclient wheel core-aarch64 jvm-archives test test-prereqs test-matrix $(PYSPARK_LINES:%=test-pyspark%) test-python3.13 lint demo bench broker rabbitmq soak clean
+.PHONY: install jars perftest streamclient wheel core-aarch64 fuzz jvm-archives test test-prereqs test-matrix $(PYSPARK_LINES:%=test-pyspark%) test-python3.13 lint demo bench broker rabbitmq soak clean
 
 # The core first: the connector requires it here, and it is on no package index.
 $(STAMP): pyproject.toml broker/pyproject.toml conf/constraints.txt
@@ -151,6 +151,25 @@ core-aarch64: $(STAMP) $(CORE_SOURCES)
 	else echo "make wheel: no aarch64 wheel of the core: rustup has no aarch64-unknown-linux-gnu target and could not add it"; fi
 
 wheel: $(WHEEL) $(BROKER_WHEEL) $(CORE_WHEEL) core-aarch64
+
+## The compiled core's fuzz targets (core/fuzz), FUZZ_SECONDS each, under libFuzzer with AddressSanitizer, debug
+## assertions and overflow checks: cargo-fuzz (pinned, built from crates.io into .cache/cargo-tools) and the nightly
+## toolchain rustup has here. The corpus grows in .cache/fuzz-corpus; a crash fails the run and leaves its input in
+## core/fuzz/artifacts. CI runs it beside the tests.
+FUZZ_SECONDS ?= 20
+FUZZ_TARGETS := chunk record basic sink
+CARGO_FUZZ := .cache/cargo-tools/bin/cargo-fuzz
+$(CARGO_FUZZ):
+	cargo install --quiet --locked --root .cache/cargo-tools cargo-fuzz --version 0.13.2
+fuzz: $(CARGO_FUZZ)
+	@rustup toolchain list | grep -q '^nightly' || { echo "make fuzz needs Rust's nightly toolchain: rustup toolchain install nightly" >&2; exit 1; }
+	@for t in $(FUZZ_TARGETS); do \
+		mkdir -p .cache/fuzz-corpus/$$t; \
+		if (cd core && PATH="$(abspath .cache/cargo-tools/bin):$$PATH" cargo +nightly fuzz run --target-dir "$(abspath .cache/cargo-fuzz)" \
+			$$t "$(abspath .cache/fuzz-corpus)/$$t" -- -max_total_time=$(FUZZ_SECONDS)) >.cache/fuzz-$$t.log 2>&1; then \
+			echo "fuzz $$t: $$(grep -E '^Done [0-9]+ runs' .cache/fuzz-$$t.log)"; \
+		else tail -40 .cache/fuzz-$$t.log; echo "fuzz $$t failed: its input is in core/fuzz/artifacts/$$t" >&2; exit 1; fi; \
+	done
 
 ## A venv per PySpark line: first an "existing PySpark environment" from its constraints
 ## file, then the wheel installed into it as a user would, which must leave PySpark as it

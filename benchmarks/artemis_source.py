@@ -12,6 +12,13 @@ accepted as it comes) and ``artemis perf consumer`` over AMQP (the broker's limi
 prints each second). The perf tool's listener reads a property only its own producer sets, so the queue is filled by
 that producer for every reader. What limits the figures: broker, clients and Spark share the machine's 2 cores, and
 Artemis writes every durable message to its journal.
+
+With ``--shape both`` (issue 46) each round fills the queue with python-qpid-proton instead, once for each reader and
+shape of benchmarks/shapes.py (body-only, and producer-like: each message its own message-id, correlation-id and
+creation-time, a subject, a content type, three application properties and a ~207-byte JSON body), and reads it with
+the source and with proton (the perf consumer cannot read messages its own producer did not send); it prints
+producer-like / body-only and the CPU µs a message of Artemis's JVM, the source runner, the Python workers and Spark's
+JVM.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 
+import shapes
+from machine import BROKER_PIDS, NAMED_PIDS, CpuMeter, listening_pid
 from spark_runs import BatchLog, spark_session
 
 PERF_SECONDS = 120
@@ -50,6 +59,55 @@ def preload(url: str, queue: str, count: int) -> None:
     ).stdout
     if not re.search(rf"total sent:\s+{count}\b", out):
         raise RuntimeError(f"artemis perf producer did not send {count}:\n{out[-2000:]}")
+
+
+def proton_publish(url: str, queue: str, shape: str, count: int) -> None:
+    """``count`` persistent messages of ``shape`` in ``queue``, sent by python-qpid-proton (1000 unsettled at most)."""
+    from proton import Message
+    from proton.handlers import MessagingHandler
+    from proton.reactor import Container
+
+    parts = urllib.parse.urlsplit(url)
+
+    class Send(MessagingHandler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.sent = self.confirmed = 0
+
+        def on_start(self, event: Any) -> None:
+            conn = event.container.connect(
+                f"{parts.hostname}:{parts.port}", user=parts.username, password=parts.password, allowed_mechs="PLAIN"
+            )
+            event.container.create_sender(conn, queue)
+
+        def on_sendable(self, event: Any) -> None:
+            while event.sender.credit and self.sent < count and self.sent - self.confirmed < 1000:
+                i = self.sent
+                if shape == "body-only":
+                    message = Message(body=shapes.BODY, durable=True)
+                else:
+                    message = Message(
+                        body=shapes.producer_body(i),
+                        durable=True,
+                        id=shapes.message_id(i),
+                        correlation_id=shapes.correlation_id(i),
+                        creation_time=shapes.EPOCH + i,
+                        subject=shapes.TYPE,
+                        content_type=shapes.CONTENT_TYPE,
+                        properties=shapes.headers(i),
+                    )
+                message.inferred = True  # a data section, as a producer's bytes
+                event.sender.send(message)
+                self.sent += 1
+
+        def on_accepted(self, event: Any) -> None:
+            self.confirmed += 1
+            if self.confirmed == count:
+                event.connection.close()
+            else:
+                self.on_sendable(event)
+
+    Container(Send()).run()
 
 
 def proton_consume(url: str, queue: str, count: int) -> float:
@@ -136,12 +194,45 @@ def source_noop(spark: Any, url: str, queue: str, count: int, workdir: str) -> f
     return sum(b[0] for b in steady) / sum(b[1] for b in steady)
 
 
+def shapes_run(spark: Any, args: argparse.Namespace, queue: str, workdir: str) -> None:
+    """Both shapes, read by the source and by proton, in alternating order each round; CPU per message per process."""
+    from source_throughput import cpu_text, median_cpu
+
+    n = args.messages
+    rates: dict[tuple[str, str], list[float]] = {}
+    cpus: dict[tuple[str, str], list[dict[str, float]]] = {}
+    for round_ in range(args.rounds):
+        for shape in shapes.SHAPES if round_ % 2 == 0 else shapes.SHAPES[::-1]:
+            for name in ("source -> noop", "proton"):
+                proton_publish(args.url, queue, shape, n)
+                with CpuMeter() as cpu:
+                    rate = (
+                        source_noop(spark, args.url, queue, n, workdir) if name == "source -> noop" else proton_consume(args.url, queue, n)
+                    )
+                rates.setdefault((name, shape), []).append(rate)
+                cpus.setdefault((name, shape), []).append(cpu.per_message(n))
+                print(f"round {round_ + 1}: {name:15s} {shape:9s} {rate:9,.0f} msg/s\n    {cpu.summary(n)}", flush=True)
+    for shape in shapes.SHAPES:
+        source, proton = (statistics.median(rates[(name, shape)]) for name in ("source -> noop", "proton"))
+        print(f"{shape:9s}: source {source:9,.0f} msg/s = {source / proton:.2f}x proton ({proton:,.0f}); medians of {args.rounds}")
+        for name in ("source -> noop", "proton"):
+            print(f"    {name}: CPU us/msg (medians): {cpu_text(median_cpu(cpus[(name, shape)]))}")
+    ratio = statistics.median(rates[("source -> noop", "producer")]) / statistics.median(rates[("source -> noop", "body-only")])
+    proton_ratio = statistics.median(rates[("proton", "producer")]) / statistics.median(rates[("proton", "body-only")])
+    print(f"producer-like / body-only: the source {ratio:.2f}x, proton {proton_ratio:.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--url", default=os.environ.get("AMQP_TEST_ARTEMIS_URL", "amqp://guest:guest@127.0.0.1:5682"))
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--shape", choices=("both",), default=None, help="both shapes (shapes.py), filled by proton (see above)")
     args = parser.parse_args()
+    broker = listening_pid(urllib.parse.urlsplit(args.url).port or 5682)
+    if broker is not None:
+        NAMED_PIDS[broker] = "artemis"
+        BROKER_PIDS.add(broker)  # so that the RabbitMQ nodes on the machine count as other brokers
     spark = spark_session("spark-amqp Artemis benchmark")
     workdir = tempfile.mkdtemp(prefix="amqp-artemis-bench-")
     queue = f"bench-artemis-{uuid.uuid4().hex[:6]}"
@@ -152,6 +243,9 @@ def main() -> None:
         )
         preload(args.url, queue, 20_000)  # warm up the JVM and the Python workers; not measured
         source_noop(spark, args.url, queue, 20_000, workdir)
+        if args.shape:
+            shapes_run(spark, args, queue, workdir)
+            return
         for round_ in range(args.rounds):
             for name in rates:
                 preload(args.url, queue, args.messages)

@@ -63,6 +63,8 @@ def listening_pid(port: int) -> int | None:
 
 # The measured node's beam.smp, once known: other RabbitMQ nodes on the machine count as "other brokers".
 BROKER_PIDS: set[int] = set()
+# Other processes a benchmark names (ActiveMQ Artemis's JVM: "artemis"), each counted as a group of its own.
+NAMED_PIDS: dict[int, str] = {}
 
 
 def _machine_ticks() -> tuple[int, int]:
@@ -77,7 +79,7 @@ class CpuMeter:
     """CPU used while a run goes, in cores, per group of processes (sampled from /proc every 0.25 s).
 
     Groups: RabbitMQ (beam.smp: the measured node's, when ``BROKER_PIDS`` names it; other nodes
-    on the machine are "other brokers"), this script's process, and among its descendants
+    on the machine are "other brokers"), ActiveMQ Artemis (when ``NAMED_PIDS`` names it), this script's process, and among its descendants
     Spark's JVM, the source runner (the planner, on the driver), Spark's Python
     workers (executor tasks), PerfTest, the Java stream client; every other process is "other jobs".
     The Python stream-protocol baselines (rstream, StreamClient) run in "bench script".
@@ -85,6 +87,7 @@ class CpuMeter:
 
     GROUPS = (
         "beam.smp",
+        "artemis",
         "py workers",
         "spark JVM",
         "source runner",
@@ -149,6 +152,8 @@ class CpuMeter:
 
     @staticmethod
     def _classify(pid: int, comm: str, stats: dict[int, tuple[str, int, int]], me: int) -> str:
+        if pid in NAMED_PIDS:
+            return NAMED_PIDS[pid]
         if comm == "beam.smp":
             return "beam.smp" if not BROKER_PIDS or pid in BROKER_PIDS else "other brokers"
         if pid == me:

@@ -46,9 +46,10 @@ benchmarks/stream_protocol_client.py).
 With ``--shape both`` (or ``body-only``, ``producer``) and ``--stream-url`` it runs only this: each shape of
 benchmarks/shapes.py in a stream of its own, both written by the connector's stream publisher (producer-like
 messages with AMQP 1.0 properties and application properties), read over the stream protocol by the Java
-stream client (before and after the Spark runs) and by the source -> noop for each ``--partitions`` value;
-per partition count, the ratio against the Java client with as many consumers, the CPU per message of each
-process group, and producer-like / body-only.
+stream client (before and after the Spark runs) and by the source -> noop for each ``--partitions`` value and
+each protocol of ``--shape-over`` (the stream protocol, AMQP 0-9-1, AMQP 1.0); per partition count, the ratio
+against the Java client with as many consumers (over the stream protocol), the CPU per message of each process
+group, and producer-like / body-only.
 
 Last (unless ``--skip-delta``), source -> Delta with a processing-time trigger
 while a publisher adds ``--delta-messages`` at ``--delta-rate`` msg/s, without
@@ -221,10 +222,14 @@ def stream_reader(spark, url: str, stream: str, prefetch: int, **options: object
     return reader.load()
 
 
-def available_now(spark, url: str, stream: str, partitions: int, args: argparse.Namespace, workdir: str) -> tuple[BatchLog, float]:  # type: ignore[no-untyped-def]
+def available_now(  # type: ignore[no-untyped-def]
+    spark, url: str, stream: str, partitions: int, args: argparse.Namespace, workdir: str, protocol: str | None = None
+) -> tuple[BatchLog, float]:
     """One Trigger.AvailableNow run into noop: (its batches, wall seconds including query start-up)."""
     run = f"noop-{partitions}-{time.monotonic_ns()}"
-    df = stream_reader(spark, url, stream, args.prefetch, numPartitions=partitions, maxMessagesPerTrigger=args.max_per_trigger or None)
+    df = stream_reader(
+        spark, url, stream, args.prefetch, numPartitions=partitions, maxMessagesPerTrigger=args.max_per_trigger or None, protocol=protocol
+    )
     writer = df.writeStream.format("noop").option("checkpointLocation", os.path.join(workdir, f"ckpt-{run}")).trigger(availableNow=True)
     return run_to_end(spark, writer)
 
@@ -389,14 +394,20 @@ def write_shape(stream_url: str, stream: str, shape: str, count: int) -> float:
     return count / elapsed
 
 
+# How --shape-over reads the shapes' streams: the uri (the stream protocol's, or the AMQP one) and option protocol.
+OVER = {"stream": ("stream", None), "amqp0-9-1": ("amqp", None), "amqp1.0": ("amqp", "amqp1.0")}
+
+
 def shapes_run(url: str, stream_url: str, java: Path | None, args: argparse.Namespace, partitions: list[int], cores: int) -> None:
     """Each shape in a stream of its own, both written by the connector's stream publisher (so that their chunks
     are alike); read over the stream protocol by the Java stream client (before and after the Spark runs) and by
-    the source -> noop for each numPartitions, shapes in alternating order; per partition count, ratios against
-    the Java client with as many consumers and CPU us/msg per process group."""
+    the source -> noop for each numPartitions and each protocol of --shape-over, shapes in alternating order; per
+    partition count and protocol, ratios of the shapes, against the Java client over the stream protocol, and CPU
+    us/msg per process group."""
     from source_throughput import cpu_text, median_cpu
 
     shape_list = list(shapes.SHAPES) if args.shape == "both" else [args.shape]
+    overs = [o for o in args.shape_over.split(",") if o]
     n = args.messages
     streams = {shape: f"bench.stream.{os.getpid()}.{shape}" for shape in shape_list}
     warm = f"bench.stream.{os.getpid()}.warmup"
@@ -406,7 +417,7 @@ def shapes_run(url: str, stream_url: str, java: Path | None, args: argparse.Name
     java_cpu: dict[tuple[str, int], list[dict[str, float]]] = {}
 
     def java_baselines(when: str) -> None:
-        if java is None:
+        if java is None or "stream" not in overs:
             return
         for shape in shape_list:
             for k in partitions:
@@ -414,6 +425,10 @@ def shapes_run(url: str, stream_url: str, java: Path | None, args: argparse.Name
                 java_rates.setdefault((shape, k), []).append(rate)
                 java_cpu.setdefault((shape, k), []).append(cpu.per_message(n))
                 print(f"{java_name(k)}, {shape} messages ({when}): {rate:,.0f} msg/s\n    {cpu.summary(n)}", flush=True)
+
+    def read(over: str, stream: str, p: int) -> tuple[BatchLog, float]:
+        uri, protocol = OVER[over]
+        return available_now(spark, stream_url if uri == "stream" else url, stream, p, args, workdir, protocol)
 
     try:
         for shape in shape_list:
@@ -430,39 +445,43 @@ def shapes_run(url: str, stream_url: str, java: Path | None, args: argparse.Name
         spark = spark_session("spark-amqp stream benchmark", f"local[{cores}]")
         declare_stream(url, warm)
         write_shape(stream_url, warm, "producer", WARMUP_MESSAGES)
-        available_now(spark, stream_url, warm, max(partitions), args, workdir)  # JVM and Python workers warm up; not measured
-        runs: dict[tuple[str, int], tuple[BatchLog, float, CpuMeter]] = {}
-        for j, p in enumerate(partitions):
-            for shape in shape_list if j % 2 == 0 else shape_list[::-1]:
-                with CpuMeter() as cpu:
-                    log, wall = available_now(spark, stream_url, streams[shape], p, args, workdir)
-                assert log.rows == n, f"{shape}, numPartitions={p}: read {log.rows} of {n}"
-                runs[(shape, p)] = (log, wall, cpu)
-                print(
-                    f"(source over the stream protocol, {shape} messages, numPartitions={p}: {log.rows / log.seconds:,.0f} msg/s)",
-                    flush=True,
-                )
+        for over in overs:  # JVM, Python workers and each protocol's modules warm up; not measured
+            read(over, warm, max(partitions))
+        runs: dict[tuple[str, str, int], tuple[BatchLog, float, CpuMeter]] = {}
+        for over in overs:
+            for j, p in enumerate(partitions):
+                for shape in shape_list if j % 2 == 0 else shape_list[::-1]:
+                    with CpuMeter() as cpu:
+                        log, wall = read(over, streams[shape], p)
+                    assert log.rows == n, f"{shape} over {over}, numPartitions={p}: read {log.rows} of {n}"
+                    runs[(over, shape, p)] = (log, wall, cpu)
+                    print(
+                        f"(source over {over}, {shape} messages, numPartitions={p}: {log.rows / log.seconds:,.0f} msg/s)",
+                        flush=True,
+                    )
         java_baselines("after")
-        print("\nproducer-like against body-only messages over the stream protocol (the Java client: mean of before and after):")
-        rates: dict[tuple[str, int], float] = {}
-        for p in partitions:
-            for shape in shape_list:
-                log, wall, cpu = runs[(shape, p)]
-                rate = rates[(shape, p)] = log.rows / log.seconds
-                line = f"  numPartitions={p}, {shape:9s}: source {rate:9,.0f} msg/s ({len(log.batches)} batches, {log.seconds:.1f} s)"
-                if (shape, p) in java_rates:
-                    jr = statistics.mean(java_rates[(shape, p)])
-                    line += f" = {rate / jr:.2f}x {java_name(p)} {jr:,.0f} msg/s"
-                print(f"{line}\n    source's CPU us/msg: {cpu_text(cpu.per_message(log.rows))}")
-                if (shape, p) in java_cpu:
-                    print(f"    Java client's CPU us/msg (median): {cpu_text(median_cpu(java_cpu[(shape, p)]))}")
-            if len(shape_list) == 2:
-                java_ratio = ""
-                if ("producer", p) in java_rates and ("body-only", p) in java_rates:
-                    java_ratio = f"; the Java client {statistics.mean(java_rates[('producer', p)]) / statistics.mean(java_rates[('body-only', p)]):.2f}x"
-                print(
-                    f"  numPartitions={p}, producer-like / body-only: the source {rates[('producer', p)] / rates[('body-only', p)]:.2f}x{java_ratio}"
-                )
+        print("\nproducer-like against body-only messages (the Java client, over the stream protocol: mean of before and after):")
+        for over in overs:
+            rates: dict[tuple[str, int], float] = {}
+            for p in partitions:
+                for shape in shape_list:
+                    log, wall, cpu = runs[(over, shape, p)]
+                    rate = rates[(shape, p)] = log.rows / log.seconds
+                    line = f"  over {over}, numPartitions={p}, {shape:9s}: source {rate:9,.0f} msg/s ({len(log.batches)} batches, {log.seconds:.1f} s)"
+                    if over == "stream" and (shape, p) in java_rates:
+                        jr = statistics.mean(java_rates[(shape, p)])
+                        line += f" = {rate / jr:.2f}x {java_name(p)} {jr:,.0f} msg/s"
+                    print(f"{line}\n    source's CPU us/msg: {cpu_text(cpu.per_message(log.rows))}")
+                    if over == "stream" and (shape, p) in java_cpu:
+                        print(f"    Java client's CPU us/msg (median): {cpu_text(median_cpu(java_cpu[(shape, p)]))}")
+                if len(shape_list) == 2:
+                    java_ratio = ""
+                    if over == "stream" and ("producer", p) in java_rates and ("body-only", p) in java_rates:
+                        java_ratio = f"; the Java client {statistics.mean(java_rates[('producer', p)]) / statistics.mean(java_rates[('body-only', p)]):.2f}x"
+                    print(
+                        f"  over {over}, numPartitions={p}, producer-like / body-only: the source "
+                        f"{rates[('producer', p)] / rates[('body-only', p)]:.2f}x{java_ratio}"
+                    )
         print(
             f"mode: {'pure Python (SPARK_AMQP_PURE_PYTHON)' if os.environ.get('SPARK_AMQP_PURE_PYTHON') == '1' else 'compiled core (default)'}"
         )
@@ -512,6 +531,12 @@ def main() -> None:
         default=None,
         help="only the stream-protocol reads of messages of this shape (benchmarks/shapes.py; both: side by side), "
         "written by the connector's stream publisher, against the Java stream client (needs --stream-url)",
+    )
+    parser.add_argument(
+        "--shape-over",
+        default="stream",
+        help="with --shape: the protocols the source reads the shapes' streams over, comma-separated, of stream, amqp0-9-1, "
+        "amqp1.0 (RabbitMQ 4.x)",
     )
     args = parser.parse_args()
     if args.only_batch:

@@ -24,6 +24,7 @@ from typing import Any
 from ..errors import AmqpSourceError
 from ..reading import arrow
 from ..reading.admission import Admission
+from ..reading.core_properties import queue_rows_path
 from .amqp10_session import Amqp10Session
 from .available_now import AvailableNow, measure_depths
 from .delivery_limit import DeliveryLimitGuard, max_returns, over_limit, reason
@@ -78,6 +79,7 @@ class SourceRuntime:
         self.committed_seq = 0
         self.last_end = AmqpSourceOffset.initial(options.queues)  # the end of the newest batch planned
         self.metrics = SourceMetrics()
+        log.info("AMQP source: %s", queue_rows_path())
         self.admission = Admission(options.trigger)
         self.available_now: AvailableNow | None = None
         self.returns_guard = DeliveryLimitGuard()

@@ -22,7 +22,7 @@ import pyarrow as pa
 from ..property_columns import INT_PROPERTIES, STRING_PROPERTIES
 from ..stream_protocol import core
 
-__all__ = ["BUILDER_COLUMNS", "PROPERTY_ARRAYS", "property_arrays", "variable_array"]
+__all__ = ["BUILDER_COLUMNS", "PROPERTY_ARRAYS", "property_arrays", "queue_rows_path", "variable_array"]
 
 _HEADERS_TYPE = pa.map_(pa.string(), pa.string())
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
@@ -32,6 +32,11 @@ _COLUMNS = (*STRING_PROPERTIES, *INT_PROPERTIES, "timestamp", "headers", "raw_he
 # The property columns a stream message's sections give (raw_header is an AMQP 0-9-1 reader's only).
 _SECTION_COLUMNS = _COLUMNS[:-1]
 BUILDER_COLUMNS = ("body", "queue", "exchange", "routing_key", "offset", *STRING_PROPERTIES, *INT_PROPERTIES, "timestamp", "headers")
+
+
+def queue_rows_path() -> str:
+    """Which path makes the queue source's rows, in words (its runner logs it as it starts)."""
+    return f"rows: pure Python but the property columns: {core.PATH}" if core.CORE is not None else f"rows: {core.PATH}"
 
 
 def property_arrays(props: Sequence[Any], wanted: Sequence[str]) -> list[pa.Array] | None:

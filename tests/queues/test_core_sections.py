@@ -6,6 +6,7 @@ renders (so a core that took nothing would fail here). ``CORE_EXAMPLES`` raises 
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from typing import Any
@@ -20,6 +21,8 @@ from hypothesis import strategies as st
 from spark_amqp.amqp10 import message as amqp10_message
 from spark_amqp.queues.amqp10_rows import LazySections, QueueRows
 from spark_amqp.queues.inbox import Delivery
+from spark_amqp.queues.options import parse_source_options
+from spark_amqp.queues.runtime import SourceRuntime
 from spark_amqp.reading import arrow, core_properties
 from spark_amqp.reading.projection import Projection
 from spark_amqp.stream_protocol import core
@@ -139,3 +142,17 @@ def test_arrival_decodes_each_distinct_header_and_annotations_once() -> None:
     body_alone = amqp10_message.encode(b"c")
     body, exchange, key, props = rows.row(body_alone)  # no sections before the body: decoded whole, as a stream's
     assert (body, exchange, key) == (b"c", "", "q") and not isinstance(props, LazySections)
+
+
+def test_the_queue_runner_says_which_path_makes_its_rows(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    options = parse_source_options({"uri": "amqp://127.0.0.1:1/%2F", "queue": "q", "protocol": "amqp1.0"})
+    with caplog.at_level(logging.INFO, logger="spark_amqp.queues"):
+        SourceRuntime(options)
+        monkeypatch.setattr(core, "CORE", None)
+        monkeypatch.setattr(core, "PATH", "pure Python (SPARK_AMQP_PURE_PYTHON=1)")
+        SourceRuntime(options)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("AMQP source: rows")]
+    assert said == [
+        "AMQP source: rows: pure Python but the property columns: compiled core (spark-amqp-core 0.1.0, Rust)",
+        "AMQP source: rows: pure Python (SPARK_AMQP_PURE_PYTHON=1)",
+    ]
