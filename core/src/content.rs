@@ -1,8 +1,8 @@
 //! The AMQP 0-9-1 sink's rows to content-header properties (spark_amqp/sink/columns.py's `_property_rows`): the flag
-//! word and the properties, byte for byte what pamqp 4.0 marshals for the same row. pamqp leaves out an empty string,
-//! sorts a table's keys, writes an integer in the smallest of its types and a float in 32 bits. Whatever the core does
-//! not write as pamqp would (a value Python refuses, a key pamqp would truncate, a float past 32 bits) is a `Fallback`:
-//! the batch is then Python's.
+//! word and the properties, byte for byte what Python writes for the same row (spark_amqp/sink/basic_properties.py:
+//! pamqp 4.0's marshal, which leaves out an empty string, with a headers table whose keys are sorted, an integer in the
+//! smallest of its types, a float in 64 bits). Whatever the core does not write as Python would (a value Python
+//! refuses, a key over 255 bytes) is a `Fallback`: the batch is then Python's.
 use crate::amqp::{fb, Fallback, R};
 use crate::records::{bound, delivery_mode, expiration, octet, seconds, short, valid, value, Map, Rows, Value};
 use crate::records::{APP_ID, CONTENT_ENCODING, CONTENT_TYPE, CORRELATION_ID, MESSAGE_ID, REPLY_TO, TYPE, USER_ID};
@@ -44,9 +44,10 @@ fn encode(out: &mut Vec<u8>, v: Value<'_>) -> R<()> {
                 out.extend_from_slice(&i.to_be_bytes());
             }
         }
+        Value::Double(d) if !d.is_finite() => return fb("a header float that is not finite (Python names it)"),
         Value::Double(d) => {
-            out.push(b'f'); // a value past a float's range was refused as it was read
-            out.extend_from_slice(&(d as f32).to_be_bytes());
+            out.push(b'd');
+            out.extend_from_slice(&d.to_be_bytes());
         }
     }
     Ok(())
@@ -66,8 +67,8 @@ fn table(map: &Option<Map<'_>>, i: usize, filter: Option<&str>) -> R<Option<Vec<
             }
             for j in start..end {
                 let key = m.keys.get(j)?.ok_or(Fallback("a null map key"))?;
-                if key.len() > 128 {
-                    return fb("a header key pamqp truncates, or Python refuses");
+                if key.len() > 255 {
+                    return fb("a header key over a short string's 255 bytes (Python names it)");
                 }
                 entries.push((key, value(&m.values, j)?));
             }

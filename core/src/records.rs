@@ -269,8 +269,7 @@ pub(crate) enum Value<'a> {
     Double(f64),
 }
 
-/// The map's entry `j` value. A finite double past a float's range is refused: Python checks every header as the
-/// AMQP 0-9-1 sink encodes it, where pamqp writes a float in 32 bits.
+/// The map's entry `j` value.
 pub(crate) fn value<'a>(values: &Values<'a>, j: usize) -> R<Value<'a>> {
     Ok(match values {
         Values::Str(c) => c.get(j)?.map_or(Value::Null, Value::Str),
@@ -284,11 +283,7 @@ pub(crate) fn value<'a>(values: &Values<'a>, j: usize) -> R<Value<'a>> {
             }
         }
         Values::Long(c) => c.long(j)?.map_or(Value::Null, Value::Long),
-        Values::Double(c) => match c.get(j)?.map(f64::from_le_bytes) {
-            None => Value::Null,
-            Some(d) if (d as f32).is_infinite() && d.is_finite() => return fb("a header float past 32 bits' range (Python names it)"),
-            Some(d) => Value::Double(d),
-        },
+        Values::Double(c) => c.get(j)?.map_or(Value::Null, |b| Value::Double(f64::from_le_bytes(b))),
     })
 }
 

@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from pamqp import commands, encode, header
 
 from ..errors import AmqpOptionError
 from ..property_columns import INT_PROPERTIES as INT_PROPERTY_COLUMNS
 from ..property_columns import STRING_PROPERTIES as STRING_PROPERTY_COLUMNS
 from ..rabbitmq import FILTER_VALUE_HEADER, MAX_MESSAGE_SIZE_3X, MAX_MESSAGE_SIZE_4X
+from .basic_properties import field_table, marshal
 from .core_records import basic_headers
 from .options import SinkOptions
 from .routing import partition_of
@@ -129,8 +129,7 @@ class MessageBuilder:
         self.filter_column = options.filter_value_column.lower()
         self.partitions: tuple[bytes, ...] = ()  # a super stream's partitions (encoded names), once found
         self._routes: dict[str, int] = {}
-        constant = commands.Basic.Properties(delivery_mode=2 if options.persistent else None)
-        self._constant_props = header.ContentHeader(0, 0, constant).marshal()[12:]
+        self._constant_props = marshal({"delivery_mode": 2 if options.persistent else None})
 
     def met(self, version: tuple[int, int] | None) -> None:
         """The broker answered: without option maxMessageSize, bodies are held to its line's default."""
@@ -246,7 +245,7 @@ class MessageBuilder:
             kwargs = {_PAMQP_NAMES.get(c, c): v for c, v in self._checked(row, i).items()}
             kwargs.setdefault("delivery_mode", persistent)
             try:
-                out.append(header.ContentHeader(0, 0, commands.Basic.Properties(**kwargs)).marshal()[12:])
+                out.append(marshal(kwargs))
             except (ValueError, TypeError, OverflowError, struct.error, decimal.InvalidOperation) as err:
                 column, reason = _culprit(row, err)
                 raise self._bad(column, i, row.get(column), reason) from None
@@ -307,7 +306,7 @@ def _property_value(column: str, value: Any) -> Any:
             if len(key.encode("utf-8")) > 255:
                 raise ValueError(f"header key {_short(key)} is longer than 255 bytes")
             table[key] = bytearray(v) if isinstance(v, bytes) else v  # pamqp encodes bytearray as a byte array ('x')
-        encode.field_table(table)  # raises here, naming nothing, rather than halfway through a header
+        field_table(table)  # raises here, naming nothing, rather than halfway through a header
         return table
     if len(value.encode("utf-8")) > 255:
         raise ValueError(f"{len(value.encode('utf-8'))} bytes; AMQP short strings hold at most 255")
@@ -321,7 +320,7 @@ def _culprit(row: dict[str, Any], err: BaseException) -> tuple[str, str]:
     for column, value in row.items():
         try:
             kwargs = {_PAMQP_NAMES.get(column, column): _property_value(column, value)}
-            header.ContentHeader(0, 0, commands.Basic.Properties(**kwargs)).marshal()
+            marshal(kwargs)
         except (ValueError, TypeError, OverflowError, struct.error, decimal.InvalidOperation) as own:
             return column, str(own) or type(own).__name__
     return "headers" if "headers" in row else next(iter(row), "body"), str(err)

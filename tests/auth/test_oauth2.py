@@ -57,16 +57,16 @@ def test_without_renewal_the_broker_closes_the_connection_when_its_token_expires
     _, _, tls_dir = oauth_node()
 
     async def scenario() -> tuple[float, AmqpProtocolError | None]:
-        token = signer(tls_dir)(3.0)
+        token = signer(tls_dir)(6.0)  # long enough for a login on a loaded machine (3 s once expired before it, ci84)
         client = await CLIENTS[protocol].connect(
             options(node_uri(protocol).replace("://", "://spark-etl@"), password=token), unique("expiry")
         )
         started = time.monotonic()
-        reason = await closed_within(client, 10.0)
+        reason = await closed_within(client, 12.0)
         return time.monotonic() - started, reason
 
     elapsed, reason = asyncio.run(scenario())
-    assert reason is not None and elapsed < 5.0, "the broker kept a connection whose token had expired"
+    assert reason is not None and elapsed < 8.0, "the broker kept a connection whose token had expired"
     if protocol in ("amqp", "amqp10"):  # 4.3: connection.close 320 "credential expired" (over AMQP 1.0 as an
         # unauthorized-access the client takes as the same); over the stream protocol the socket just closes
         assert isinstance(reason, ConnectionForced) and "credential expired" in str(reason)
