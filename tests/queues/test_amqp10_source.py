@@ -19,7 +19,6 @@ from spark_amqp.queues.inbox import Delivery
 from spark_amqp.queues.intake import Intake
 from spark_amqp.queues.ledger import RedeliveryFilter, fingerprint
 from spark_amqp.queues.options import parse_source_options
-from spark_amqp.reading import core_properties
 from spark_amqp.stream_protocol import core
 from spark_amqp.streams.options import parse_stream_options
 
@@ -27,6 +26,7 @@ from .. import amqp10_fixtures
 from ..broker.helpers import consume_n, wait_for
 from ..brokers import REAL, counts, drop_source_connections, publish
 from ..brokers import version as pika_version
+from .core_spy import watch
 from .driver import MicroBatchDriver
 
 OLDER = [b for b in REAL if b.version < (4, 0)]
@@ -61,15 +61,7 @@ def test_rows_are_the_rows_amqp_0_9_1_reads(url: str, queues: Any, kind: str, pa
     where it is installed, Python otherwise."""
     if path == "core" and core.CORE is None:
         pytest.skip(f"no compiled core: {core.PATH}")
-    made: list[bool] = []
-    real = core_properties._from_sections
-
-    def spy(props: Any, wanted: Any) -> Any:
-        arrays = real(props, wanted)
-        made.append(arrays is not None)
-        return arrays
-
-    monkeypatch.setattr(core_properties, "_from_sections", spy)
+    made = watch(monkeypatch)
     if path == "python":
         monkeypatch.setattr(core, "CORE", None)
     one, other = queues(kind), queues(kind)

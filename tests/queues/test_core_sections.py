@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -29,6 +28,7 @@ from spark_amqp.stream_protocol import core
 from spark_amqp.stream_protocol.rows import STANDARD, Conversion, RowMaker
 
 from ..stream_protocol.test_core_differential import records, section, tame_annotations, tame_apps, tame_header, tame_properties
+from .core_spy import core_batches
 
 pytestmark = pytest.mark.skipif(core.CORE is None, reason=f"no compiled core to compare: {core.PATH}")
 
@@ -84,19 +84,8 @@ def _batch(messages: list[bytes], conv: Conversion, columns: Projection | None, 
 )
 def test_the_core_makes_the_property_columns_python_makes(messages: list[bytes], version: str, columns: Projection | None) -> None:
     conv = CONVERSIONS[version]
-    taken: list[bool] = []
-    real = core_properties._from_sections
-
-    def spy(props: Any, wanted: Any) -> Any:
-        made = real(props, wanted)
-        taken.append(made is not None)
-        return made
-
-    core_properties._from_sections = spy
-    try:
+    with core_batches() as taken:
         got, got_error = _batch(messages, conv, columns, use_core=True)
-    finally:
-        core_properties._from_sections = real
     want, want_error = _batch(messages, conv, columns, use_core=False)
     event(
         "taken by the core"
