@@ -28,9 +28,9 @@ _HEADERS_TYPE = pa.map_(pa.string(), pa.string())
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
 # What basic_properties gives, in this order (None for a column not asked for).
 _COLUMNS = (*STRING_PROPERTIES, *INT_PROPERTIES, "timestamp", "headers", "raw_header")
-# What Builder.finish gives after the row count, in STREAM_ARROW_SCHEMA's order (raw_header, always null, left out).
 # The property columns a stream message's sections give (raw_header is an AMQP 0-9-1 reader's only).
 _SECTION_COLUMNS = _COLUMNS[:-1]
+# What Builder.finish gives after the row count, in STREAM_ARROW_SCHEMA's order (raw_header, always null, left out).
 BUILDER_COLUMNS = ("body", "queue", "exchange", "routing_key", "offset", *STRING_PROPERTIES, *INT_PROPERTIES, "timestamp", "headers")
 
 

@@ -24,8 +24,9 @@ _SIZE = struct.Struct(">I")
 
 def marshal(properties: dict[str, Any]) -> bytes:
     """The flag word and the properties (pamqp's ``Basic.Properties`` keyword arguments), as a content header holds them."""
-    headers = properties.pop("headers", None)
-    raw = bytes(header.ContentHeader(0, 0, commands.Basic.Properties(**properties)).marshal()[12:])
+    headers = properties.get("headers")
+    others = {k: v for k, v in properties.items() if k != "headers"}  # the caller's dict stays as it was
+    raw = bytes(header.ContentHeader(0, 0, commands.Basic.Properties(**others)).marshal()[12:])
     if headers is None:
         return raw
     flags = int.from_bytes(raw[:2], "big") | _HEADERS
