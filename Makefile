@@ -153,20 +153,25 @@ core-aarch64: $(STAMP) $(CORE_SOURCES)
 wheel: $(WHEEL) $(BROKER_WHEEL) $(CORE_WHEEL) core-aarch64
 
 ## The compiled core's fuzz targets (core/fuzz), FUZZ_SECONDS each, under libFuzzer with AddressSanitizer, debug
-## assertions and overflow checks: cargo-fuzz (pinned, built from crates.io into .cache/cargo-tools) and the nightly
-## toolchain rustup has here. The corpus grows in .cache/fuzz-corpus; a crash fails the run and leaves its input in
-## core/fuzz/artifacts. CI runs it beside the tests.
+## assertions and overflow checks, built by the nightly toolchain rustup has here with the flags cargo-fuzz passes
+## (cargo-fuzz itself took minutes of CPU to build from crates.io in every CI run, beside the tests). The corpus grows
+## in .cache/fuzz-corpus; a crash fails the run and leaves its input in core/fuzz/artifacts. CI runs it beside the tests.
 FUZZ_SECONDS ?= 20
 FUZZ_TARGETS := chunk record basic sink
-CARGO_FUZZ := .cache/cargo-tools/bin/cargo-fuzz
-$(CARGO_FUZZ):
-	cargo install --quiet --locked --root .cache/cargo-tools cargo-fuzz --version 0.13.2
-fuzz: $(CARGO_FUZZ)
+FUZZ_RUSTFLAGS := --cfg fuzzing -Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
+	-Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
+	-Cllvm-args=-sanitizer-coverage-trace-compares -Zsanitizer=address -Cdebug-assertions -Coverflow-checks \
+	-Cforce-frame-pointers
+FUZZ_BIN := .cache/cargo-fuzz/x86_64-unknown-linux-gnu/release
+fuzz:
 	@rustup toolchain list | grep -q '^nightly' || { echo "make fuzz needs Rust's nightly toolchain: rustup toolchain install nightly" >&2; exit 1; }
+	@# --target: the flags reach the targets and the crates they link, not build scripts
+	RUSTFLAGS="$(FUZZ_RUSTFLAGS)" cargo +nightly build --quiet --release --locked --manifest-path core/fuzz/Cargo.toml \
+		--target x86_64-unknown-linux-gnu --target-dir .cache/cargo-fuzz --bins
 	@for t in $(FUZZ_TARGETS); do \
-		mkdir -p .cache/fuzz-corpus/$$t; \
-		if (cd core && PATH="$(abspath .cache/cargo-tools/bin):$$PATH" cargo +nightly fuzz run --target-dir "$(abspath .cache/cargo-fuzz)" \
-			$$t "$(abspath .cache/fuzz-corpus)/$$t" -- -max_total_time=$(FUZZ_SECONDS)) >.cache/fuzz-$$t.log 2>&1; then \
+		mkdir -p .cache/fuzz-corpus/$$t core/fuzz/artifacts/$$t; \
+		if $(FUZZ_BIN)/$$t -artifact_prefix=core/fuzz/artifacts/$$t/ -max_total_time=$(FUZZ_SECONDS) .cache/fuzz-corpus/$$t \
+			>.cache/fuzz-$$t.log 2>&1; then \
 			echo "fuzz $$t: $$(grep -E '^Done [0-9]+ runs' .cache/fuzz-$$t.log)"; \
 		else tail -40 .cache/fuzz-$$t.log; echo "fuzz $$t failed: its input is in core/fuzz/artifacts/$$t" >&2; exit 1; fi; \
 	done

@@ -65,12 +65,16 @@ def broker_kind(request: pytest.FixtureRequest) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Spark tests: the embedded broker and the newest RabbitMQ only (deselected elsewhere)."""
+    """Spark tests, and the stream tests again on the pure-Python path (``read_over`` ``...-python``): the embedded
+    broker and the newest RabbitMQ only (deselected elsewhere). The two paths differ in how they decode what a chunk or a
+    transfer holds, which the broker's line does not change; tests/stream_protocol/test_core_differential.py and
+    tests/queues/test_core_sections.py compare them on every line's conversions."""
     keep, drop = [], []
     for item in items:
         callspec = getattr(item, "callspec", None)
         kind = callspec.params.get("broker_kind") if callspec is not None else None
-        if kind is not None and item.get_closest_marker("spark") and kind in _REAL_PARAMS and kind not in _SPARK_PARAMS:
+        python_path = callspec is not None and str(callspec.params.get("read_over", "")).endswith("-python")
+        if kind is not None and (item.get_closest_marker("spark") or python_path) and kind in _REAL_PARAMS and kind not in _SPARK_PARAMS:
             drop.append(item)
         else:
             keep.append(item)

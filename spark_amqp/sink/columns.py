@@ -302,11 +302,8 @@ def _property_value(column: str, value: Any) -> Any:
         items = value.items() if isinstance(value, dict) else value
         table = {}
         for k, v in items:
-            key = str(k)
-            if len(key.encode("utf-8")) > 255:
-                raise ValueError(f"header key {_short(key)} is longer than 255 bytes")
-            table[key] = bytearray(v) if isinstance(v, bytes) else v  # pamqp encodes bytearray as a byte array ('x')
-        field_table(table)  # raises here, naming nothing, rather than halfway through a header
+            table[str(k)] = bytearray(v) if isinstance(v, bytes) else v  # pamqp encodes bytearray as a byte array ('x')
+        field_table(table)  # a key too long or a value refused raises here, rather than halfway through a header
         return table
     if len(value.encode("utf-8")) > 255:
         raise ValueError(f"{len(value.encode('utf-8'))} bytes; AMQP short strings hold at most 255")

@@ -22,6 +22,9 @@ import java.util.zip.CRC32;
  *   java -cp '.cache/stream-client/*:.cache/stream-client/classes' StreamInterop read URI STREAM COUNT
  * </pre>
  *
+ * <p>STREAM and CODEC may each be a comma-separated list, paired in order: one JVM (a few seconds of CPU to start)
+ * then serves a test's every codec, and prints a line for each stream, in the order given.
+ *
  * <p>write: messages with bodies "m-0" .. "m-(COUNT-1)", in sub-entries of 100 compressed with CODEC (none,
  * gzip, snappy, lz4, zstd: the client's default codec factory), every one confirmed; it prints
  * "written N". CODEC "producer" writes each message in an entry of its own, as a producer's: its own message id,
@@ -40,10 +43,17 @@ public final class StreamInterop {
     URI parsed = new URI(args[1]);
     Address entry = new Address(parsed.getHost(), parsed.getPort() == -1 ? 5552 : parsed.getPort());
     try (Environment environment = Environment.builder().uri(args[1]).addressResolver(address -> entry).build()) {
-      if (args[0].equals("write")) {
-        write(environment, args[2], args[3], Integer.parseInt(args[4]));
-      } else {
-        read(environment, args[2], Integer.parseInt(args[3]));
+      String[] streams = args[2].split(",");
+      String[] codecs = args[0].equals("write") ? args[3].split(",") : null;
+      if (codecs != null && codecs.length != streams.length) {
+        throw new IllegalArgumentException(streams.length + " streams and " + codecs.length + " codecs");
+      }
+      for (int i = 0; i < streams.length; i++) {
+        if (codecs != null) {
+          write(environment, streams[i], codecs[i], Integer.parseInt(args[4]));
+        } else {
+          read(environment, streams[i], Integer.parseInt(args[3]));
+        }
       }
     }
   }
