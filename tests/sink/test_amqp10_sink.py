@@ -8,6 +8,7 @@ import asyncio
 import datetime
 import threading
 import uuid
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pika
@@ -32,9 +33,12 @@ queues = amqp10_fixtures.queues
 
 
 def publish10(url: str, table: dict[str, Any], **options: str) -> Any:
+    return publish10_batches(url, [pa.RecordBatch.from_pydict(table)], **options)
+
+
+def publish10_batches(url: str, batches: Iterable[pa.RecordBatch], **options: str) -> Any:
     opts = parse_sink_options({"uri": url, "protocol": "amqp1.0", **options})
-    batch = pa.RecordBatch.from_pydict(table)
-    return asyncio.run(Amqp10PartitionPublisher(opts, Amqp10MessageBuilder(opts)).publish([batch], "test"))
+    return asyncio.run(Amqp10PartitionPublisher(opts, Amqp10MessageBuilder(opts)).publish(batches, "test"))
 
 
 def _consume(url: str, queue: str, n: int) -> list[tuple[Any, Any, bytes]]:
@@ -206,7 +210,7 @@ def test_a_connection_lost_mid_partition_is_replaced_and_what_it_had_not_settled
     results: list[Any] = []
     failure: list[BaseException] = []
 
-    def partition() -> Any:
+    def partition() -> Iterator[pa.RecordBatch]:
         for k in range(batches):
             if k == 1:
                 sent_first.set()
@@ -215,9 +219,8 @@ def test_a_connection_lost_mid_partition_is_replaced_and_what_it_had_not_settled
             yield pa.RecordBatch.from_pydict({"body": [b"%d" % (k * size + i) for i in range(size)]})
 
     def run() -> None:
-        opts = parse_sink_options({"uri": url, "protocol": "amqp1.0", "routingKey": q})
         try:
-            results.append(asyncio.run(Amqp10PartitionPublisher(opts, Amqp10MessageBuilder(opts)).publish(partition(), "test")))
+            results.append(publish10_batches(url, partition(), routingKey=q))
         except BaseException as err:
             failure.append(err)
 
