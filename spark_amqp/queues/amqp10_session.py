@@ -120,6 +120,11 @@ class Amqp10Session(IoSession):
         sent (up to the prefetch window), and waiting for it held each batch's planning up by 0.7 s (measured)."""
         return self._call(self._ready_counts, timeout)
 
+    def settle(self, queues: list[str], timeout: float) -> bool:
+        """Whether every transfer the broker sent ``queues``' links before this call has arrived: an echo on each,
+        answered behind them. False where a queue has no attached link, or one went meanwhile."""
+        return self._call(lambda: self._settle(queues), timeout)
+
     # -- I/O thread -------------------------------------------------------------
 
     async def _serve(self, client: Amqp10Client, queue: str) -> None:
@@ -303,6 +308,16 @@ class Amqp10Session(IoSession):
         self._paused = False
         for link, receiver in self._attached():
             receiver.grant(max(0, self.options.prefetch - link.unsettled))
+
+    async def _settle(self, queues: list[str]) -> bool:
+        live = [(link, receiver) for link, receiver in self._attached() if link.queue in queues]
+        if {link.queue for link, _ in live} != set(queues):
+            return False
+        try:
+            await asyncio.gather(*(receiver.echo() for _, receiver in live))
+        except AmqpProtocolError:
+            return False
+        return True
 
     async def _ready_counts(self) -> dict[str, int]:
         attached = self._attached()

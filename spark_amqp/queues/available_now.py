@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ..amqp10_client import Amqp10Client
 from ..amqp10_client.depths import queue_depths as depths_over_amqp10
@@ -84,8 +84,14 @@ class AvailableNow:
         """A message counted by ``take`` is not in a batch after all."""
         self.left[queue] += 1
 
-    def check_drained(self, buffered: set[str]) -> None:
-        """Finish queues that are empty on the broker and here, at most every IDLE_RECHECK_SECONDS of idling."""
+    def check_drained(self, settle: Callable[[list[str]], set[str] | None]) -> None:
+        """Finish the queues the broker reports empty, at most every IDLE_RECHECK_SECONDS of idling.
+
+        A queue reports nothing ready as soon as it has handed its last messages to this consumer, and they can
+        still be on their way: a loaded CI machine ended a run 195 messages of 2,500 short. ``settle(queues)`` makes a
+        round trip on each of their channels or links, whose answer comes behind every delivery the broker sent
+        before it, and returns the queues of which something is buffered then; None if it could not (a channel
+        went: what it held goes back to the queue, to be measured again)."""
         waiting = [q for q, n in self.left.items() if n > 0]
         if not waiting:
             return
@@ -96,7 +102,13 @@ class AvailableNow:
         if now - self._idle_since < IDLE_RECHECK_SECONDS:
             return
         self._idle_since = now
-        for queue, depth in measure_depths(self.connection, self.client_name, waiting).items():
-            if depth == 0 and queue not in buffered:
+        empty = [q for q, depth in measure_depths(self.connection, self.client_name, waiting).items() if depth == 0]
+        if not empty:
+            return
+        buffered = settle(empty)
+        if buffered is None:
+            return
+        for queue in empty:
+            if queue not in buffered:
                 log.info("AMQP source: queue '%s' drained before its AvailableNow target; finishing it", queue)
                 self.left[queue] = 0

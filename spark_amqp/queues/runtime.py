@@ -325,8 +325,20 @@ class SourceRuntime:
         buffer.clear()
         buffer.extend(kept)
         if not taken:
-            quota.check_drained({e.delivery.queue for e in buffer})
+            quota.check_drained(self._settle)
         return taken
+
+    def _settle(self, queues: list[str]) -> set[str] | None:
+        """The queues of which something is buffered once every delivery the broker sent them so far is here."""
+        assert self.session is not None
+        try:
+            if not self.session.settle(queues, timeout=min(2.0, self.options.connection.connection_timeout)):
+                return None
+        except AmqpSourceError as err:  # no answer in time: the consumer's own checks report a lasting outage
+            log.debug("AMQP source: deliveries not settled: %s", err)
+            return None
+        self._pump()
+        return {e.delivery.queue for e in self.buffer}
 
     def _take_available_now(self, session: ConsumerSession | Amqp10Session, limit: int) -> list[Entry]:
         """The next batch of an AvailableNow run, which Spark ends at the first latestOffset that returns its start:

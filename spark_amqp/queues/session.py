@@ -68,6 +68,12 @@ class ConsumerSession(IoSession):
         """Messages ready on the broker per queue: passive declares on the consumer's own connection."""
         return self._call(self._ready_counts, timeout)
 
+    def settle(self, queues: list[str], timeout: float) -> bool:
+        """Whether every delivery the broker sent ``queues``' consumers before this call is now in the inbox: a
+        synchronous basic.qos on each of their channels, whose reply the channel writes behind them. False where a
+        queue has no live channel, or one closed meanwhile."""
+        return self._call(lambda: self._settle(queues), timeout)
+
     # -- I/O thread -------------------------------------------------------------
 
     def _lost_all(self, reason: str) -> None:
@@ -226,6 +232,16 @@ class ConsumerSession(IoSession):
         if consumer.cancelled:
             return  # the cancel came first: the broker may have given the acked deliveries back before the ack
         self.inbox.append(AckConfirmed(consumer.session, ack_round))
+
+    async def _settle(self, queues: list[str]) -> bool:
+        live = [c for c in self._consumers.values() if c.queue in queues and not c.cancelled and not c.channel.closed.done()]
+        if {c.queue for c in live} != set(queues):
+            return False
+        try:
+            await asyncio.gather(*(c.channel.rpc(commands.Basic.Qos(prefetch_count=self.options.prefetch)) for c in live))
+        except AmqpProtocolError:
+            return False
+        return True
 
     async def _ready_counts(self) -> dict[str, int]:
         client = self._client

@@ -28,6 +28,7 @@ from ..brokers import REAL, counts, drop_source_connections, publish
 from ..brokers import version as pika_version
 from .core_spy import watch
 from .driver import MicroBatchDriver
+from .slow_reader import hold_deliveries_until_measured
 
 OLDER = [b for b in REAL if b.version < (4, 0)]
 
@@ -282,6 +283,25 @@ def test_available_now_and_the_backlog_come_from_the_links_available(url: str, q
         rows = d.drain(25, max_rows=10)
         assert len(rows) == 25 and d.plan(wait=1.0) is None
     finally:
+        d.close()
+
+
+def test_available_now_reads_what_is_on_its_way_when_the_links_available_is_nil(
+    url: str, queues: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broker reports a queue empty once it has sent its last transfers, which a loaded consumer may not have read."""
+    q = queues()
+    _publish_ids(url, q, 30)
+    gate, measured = hold_deliveries_until_measured(monkeypatch, after=10)
+    d = _driver(url, q, maxMessagesPerTrigger=10, prefetch=100)
+    try:
+        d.runtime.prepare_available_now()
+        while (planned := d.plan(wait=3)) is not None:
+            d.run_batch(*planned)
+        assert measured and measured[0] == {q: 0}, measured
+        assert _ids(d.rows) == [f"id-{i}" for i in range(30)]
+    finally:
+        gate.set()
         d.close()
 
 
