@@ -26,6 +26,10 @@ PURE_PYTHON_LINE := $(LOWEST_LINE)
 # the Spark tests of every mode's source and sink only: not those of deployments, jobs and threads (CI time: on two
 # cores, CI's Spark lanes beside each other are bound by CPU). 4.2 also runs the Delta tests.
 MIDDLE_LINES := 4.1 4.2
+# The hypothesis tests comparing the compiled core with Python (CORE_EXAMPLES) in the lanes of the other Pythons and
+# lowest dependencies: the same abi3 core, which make test searches with 400-2,000 examples a test. They took a third of
+# each lane's time at full count (about 550 of 1,650-1,800 test-seconds, ci89).
+MATRIX_EXAMPLES := 100
 SPARK_MODE_TESTS := tests/spark/test_source_stream.py tests/spark/test_sink.py tests/spark/test_stream_queues.py
 # CPython 3.13, Debian 13's, in a chroot (tools/python3.13): the tests without Spark and the Spark mode tests, on the
 # embedded broker, with PySpark 4.1 (PY313_LINE). CI pairs Python and PySpark lines instead of crossing them: 4.0 on
@@ -313,7 +317,7 @@ soak: $(STAMP) rabbitmq
 ## On the lowest line, the tests without Spark too: they exercise the lowest pyarrow and pamqp the most.
 $(PYSPARK_LINES:%=test-pyspark%): test-pyspark%: .venv-pyspark%/.wheel
 	@echo "PySpark $* on $$(.venv-pyspark$*/bin/python --version), pyarrow $$(.venv-pyspark$*/bin/python -c 'import pyarrow; print(pyarrow.__version__)')"
-	$(if $(filter $*,$(LOWEST_LINE)),$(call lane,lowest-deps) $(EMBEDDED_ONLY) .venv-pyspark$*/bin/python -m pytest -m "not spark" -n $(TEST_WORKERS) -p no:cacheprovider --junitxml=.cache/junit-lowest-deps.xml $(PYTEST_ARGS))
+	$(if $(filter $*,$(LOWEST_LINE)),$(call lane,lowest-deps) $(EMBEDDED_ONLY) CORE_EXAMPLES=$(MATRIX_EXAMPLES) .venv-pyspark$*/bin/python -m pytest -m "not spark" -n $(TEST_WORKERS) -p no:cacheprovider --junitxml=.cache/junit-lowest-deps.xml $(PYTEST_ARGS))
 	$(call lane,pyspark$*) $(EMBEDDED_ONLY) $(if $(filter $*,$(PURE_PYTHON_LINE)),SPARK_AMQP_PURE_PYTHON=1) JAVA_TOOL_OPTIONS="$(TEST_JVM)" .venv-pyspark$*/bin/python -m pytest $(if $(filter $*,$(MIDDLE_LINES)),$(SPARK_MODE_TESTS),tests/spark) -m "spark and not delta and not pinned" -p no:cacheprovider --junitxml=.cache/junit-pyspark$*.xml $(PYTEST_ARGS)
 
 ## The Spark tests on every other PySpark line; `make test` covers the pinned one.
@@ -328,7 +332,7 @@ $(PY313_VENV)/.installed: pyproject.toml broker/pyproject.toml conf/constraints-
 ## The tests without Spark and the Spark tests of every mode's source and sink (SPARK_MODE_TESTS) on PySpark
 ## $(PY313_LINE), on CPython 3.13 (the embedded broker: tools/python3.13 passes no AMQP_TEST_* variable into the chroot).
 test-python3.13: $(PY313_VENV)/.installed
-	$(call lane,python3.13) tools/python3.13 run "$(PY313_VENV)/bin/python --version && $(PY313_VENV)/bin/python -m pytest -m 'not spark' -n $(TEST_WORKERS) -p no:cacheprovider --junitxml=.cache/junit-python3.13-plain.xml $(PYTEST_ARGS) && JAVA_TOOL_OPTIONS='$(TEST_JVM)' $(PY313_VENV)/bin/python -m pytest $(SPARK_MODE_TESTS) -m 'spark and not delta and not pinned' -p no:cacheprovider --junitxml=.cache/junit-python3.13.xml $(PYTEST_ARGS)"
+	$(call lane,python3.13) tools/python3.13 run "$(PY313_VENV)/bin/python --version && CORE_EXAMPLES=$(MATRIX_EXAMPLES) $(PY313_VENV)/bin/python -m pytest -m 'not spark' -n $(TEST_WORKERS) -p no:cacheprovider --junitxml=.cache/junit-python3.13-plain.xml $(PYTEST_ARGS) && JAVA_TOOL_OPTIONS='$(TEST_JVM)' $(PY313_VENV)/bin/python -m pytest $(SPARK_MODE_TESTS) -m 'spark and not delta and not pinned' -p no:cacheprovider --junitxml=.cache/junit-python3.13.xml $(PYTEST_ARGS)"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
