@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shlex
 import subprocess
 from dataclasses import dataclass
@@ -44,6 +45,12 @@ class RealBroker:
         if self.name == "rabbitmq":
             return ["rabbitmqctl"]
         return [str(TOOLS), "ctl", self.name]
+
+    @property
+    def eval(self) -> list[str] | None:
+        """erl_call on this node (``tools/rabbitmq eval``, an expression on stdin); None for a broker tools/rabbitmq
+        does not run."""
+        return None if self.name == "rabbitmq" else [str(TOOLS), "eval", self.name]
 
     @functools.cached_property
     def version(self) -> tuple[int, int]:
@@ -143,12 +150,38 @@ def counts(url: str, queue: str, embedded: EmbeddedBroker | None) -> tuple[int, 
     if embedded is not None and url == embedded.url:
         stats = embedded.queue_stats(queue)
         return stats["ready"], stats["unacked"]
+    real = _BY_URL.get(url)
+    if real is not None and real.eval is not None:
+        return _counts_by_eval(real.eval, queue)
     out = _ctl(url, "list_queues", "-q", "--no-table-headers", "name", "messages_ready", "messages_unacknowledged")
     for line in out.splitlines():
         parts = line.split("\t")
         if parts[0] == queue:
             return int(parts[1]), int(parts[2])
     raise KeyError(queue)
+
+
+_COUNTS = re.compile(r"\{messages_ready, *(\d+)\}, *\{messages_unacknowledged, *(\d+)\}")
+
+
+def _counts_by_eval(command: list[str], queue: str) -> tuple[int, int]:
+    """What ``rabbitmqctl list_queues`` says of ``queue`` in vhost /, asked by erl_call: the tests poll counts, and each
+    rabbitmqctl call starts an Erlang VM (about 1 s of CPU, on a CI machine whose two cores the lanes share)."""
+    name = queue.replace("\\", "\\\\").replace('"', '\\"')
+    expression = (
+        f'case rabbit_amqqueue:lookup(rabbit_misc:r(<<"/">>, queue, <<"{name}">>)) of '
+        "{ok, Q} -> rabbit_amqqueue:info(Q, [messages_ready, messages_unacknowledged]); Other -> Other end.\n"
+    )
+    done = subprocess.run(command, input=expression, capture_output=True, text=True, timeout=60)
+    out = done.stdout
+    if done.returncode != 0:
+        raise AssertionError(f"{' '.join(command)} failed ({done.returncode}): {done.stderr.strip() or out.strip()}")
+    found = _COUNTS.search(out)
+    if found is None:
+        if "not_found" in out:
+            raise KeyError(queue)
+        raise AssertionError(f"erl_call's answer about queue {queue!r}: {out!r}")
+    return int(found[1]), int(found[2])
 
 
 def publish(url: str, queue: str, bodies: list[bytes], declare: bool = True, **props_kwargs: object) -> None:

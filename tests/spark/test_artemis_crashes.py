@@ -99,8 +99,10 @@ def test_sigkills_on_artemis_exactly_once_with_the_journal(spark, tmp_path: Path
 
     final = Job(URL, queue, tmp_path, True)
     try:
-        wait_for(lambda: len(message_ids(spark, tmp_path / "table")) == MESSAGES, timeout=budget.left(240))
-        wait_for(lambda: _held(queue) == 0, timeout=budget.left(120))  # every message settled, once its batch committed
+        # Each check is a Spark job reading Delta, and each _held a JVM (Artemis' CLI): every 2 s, not every 0.05 s, on a
+        # CI machine whose two cores the lanes share.
+        wait_for(lambda: len(message_ids(spark, tmp_path / "table")) == MESSAGES, timeout=budget.left(240), interval=2)
+        wait_for(lambda: _held(queue) == 0, timeout=budget.left(120), interval=2)  # every message settled, once its batch committed
     finally:
         final.kill()
     ids = message_ids(spark, tmp_path / "table")
