@@ -80,7 +80,43 @@ class StreamPlanner:
     def latest_offset(self, start: dict[str, Any] | None, max_rows: int | None, use_minimum: bool) -> StreamOffset:
         origin = StreamOffset.from_json(start) if start else (self.last_end or self.initial_offset())
         end = self._latest(origin, max_rows, use_minimum)
+        if self.available_now is not None:
+            end = self._until_the_run_moves(origin, end, max_rows)
         self.last_end = end
+        return end
+
+    def _until_the_run_moves(self, origin: StreamOffset, end: StreamOffset, max_rows: int | None) -> StreamOffset:
+        """Spark ends an AvailableNow run at the first latestOffset that returns its start. A stream still short of
+        where it ended when the run started, whose member is behind or whose broker is away, would end it
+        "successfully" with those offsets unread: so plan again here until a batch moves, or fail once nothing has
+        for brokerOutageTimeout (an outage's own error comes first where the broker is away)."""
+        assert self.available_now is not None
+        targets = self.available_now
+        timeout = self.options.connection.outage_timeout
+        backoff = Backoff(cap=1.0)
+        since = time.monotonic()
+        while not any(end.get(s) != origin.get(s) for s in self.streams):
+            short = {s: t for s, t in targets.items() if s in self.streams and origin.get(s) != UNSET and origin.get(s) < t}
+            if not short:
+                return end  # every stream reached its target: the run is done
+            measured = self._known or {}
+            said = "; ".join(
+                f"stream '{s}' ends at offset {measured.get(s, 0)} on the node asked, before offset {t} where it ended "
+                f"when this availableNow run started, and the query has read it up to {origin.get(s)}"
+                for s, t in sorted(short.items())
+            )
+            waited = time.monotonic() - since
+            if waited >= timeout:
+                raise AmqpSourceError(
+                    f"{said}; still after {waited:.0f}s (brokerOutageTimeout={timeout:g}s): the run fails rather than end "
+                    "with those offsets unread. A member catching up (a replica added back, a restarted node) would have "
+                    "caught up by now: the stream was deleted and declared again, or its member there is stuck. Run again "
+                    "(it reads on from the checkpoint), or raise brokerOutageTimeout to wait longer"
+                )
+            if backoff.failures == 0:
+                log.warning("AMQP source: %s; waiting up to brokerOutageTimeout=%gs for the rest", said, timeout)
+            time.sleep(min(backoff.next(), max(0.0, since + timeout - time.monotonic())))
+            end = self._latest(origin, max_rows, False)
         return end
 
     def _latest(self, origin: StreamOffset, max_rows: int | None, use_minimum: bool) -> StreamOffset:

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
+import time
 
 import pytest
 
 from spark_amqp.errors import AmqpSourceError
 from spark_amqp.streams.offset import UNSET, StreamOffset
+from spark_amqp.streams.planner import StreamPlanner
 from spark_amqp.streams.ranges import StreamRange
 from spark_amqp.streams.shortfall import Shortfall
 
@@ -127,3 +130,68 @@ def test_a_first_start_on_a_member_still_catching_up_skips_no_offset(amqp_url: s
         p = planners[list(whole).index(given)]
         assert latest(p, {s: start}, {s: 25}), given  # one batch from the start to the end: every offset read
         assert [o for o, _ in offsets_and_ids(options(amqp_url, s), StreamRange(s, start, 25))] == list(range(start, 25))
+
+
+# -- an availableNow run on a member behind where the stream ended when the run started ------------------------
+
+
+def _available_now_on_a_member_behind(amqp_url: str, names, planners, **extra: str) -> tuple[StreamPlanner, str, StreamOffset]:  # type: ignore[no-untyped-def]
+    """A run whose start measured the stream's end at 25 (the leader), planned since by a node whose member holds 5
+    (catching up): its first batch reads those 5."""
+    s = names.queue("stream")
+    declare_stream(amqp_url, s)
+    publish(amqp_url, s, 0, 5)
+    p = planner(planners, options(amqp_url, s, startingOffsets="first", **extra))
+    origin = p.initial_offset()
+    p.prepare_available_now()
+    assert p.available_now == {s: 5}
+    p.available_now = {s: 25}
+    first = p.latest_offset(origin.to_json(), None, False)
+    assert first == StreamOffset.of({s: 5})
+    return p, s, first
+
+
+@pytest.mark.streams
+@pytest.mark.usefixtures("read_over")
+def test_an_available_now_run_waits_for_a_member_behind_where_the_stream_ended_when_it_started(
+    amqp_url: str, names, planners, caplog: pytest.LogCaptureFixture
+) -> None:  # type: ignore[no-untyped-def]
+    """Spark ends an AvailableNow run at the first latestOffset that returns its start: before, this run ended there,
+    "successfully", with offsets 5 to 24 unread."""
+    p, s, first = _available_now_on_a_member_behind(amqp_url, names, planners, brokerOutageTimeout="600s")
+    got: list[StreamOffset] = []
+    failed: list[BaseException] = []
+
+    def plan() -> None:
+        try:
+            got.append(p.latest_offset(first.to_json(), None, False))
+        except BaseException as err:  # handed to the test below
+            failed.append(err)
+
+    caplog.set_level(logging.WARNING, logger="spark_amqp.streams")
+    planning = threading.Thread(target=plan, daemon=True)
+    planning.start()
+    assert wait_for(lambda: "waiting up to brokerOutageTimeout" in caplog.text or not planning.is_alive(), timeout=60)
+    assert not got and not failed, (got, failed)  # no batch yet, and the run goes on
+    assert f"stream '{s}' ends at offset 5 on the node asked, before offset 25 where it ended" in caplog.text
+    publish(amqp_url, s, 5, 20)  # the member catches up
+    planning.join(timeout=60)
+    assert not failed, failed
+    assert got == [StreamOffset.of({s: 25})]
+    assert p.latest_offset(got[0].to_json(), None, False) == got[0]  # the run is done
+
+
+@pytest.mark.streams
+@pytest.mark.usefixtures("read_over")
+def test_an_available_now_run_whose_member_stays_behind_fails_after_broker_outage_timeout(amqp_url: str, names, planners) -> None:  # type: ignore[no-untyped-def]
+    p, s, first = _available_now_on_a_member_behind(amqp_url, names, planners, brokerOutageTimeout="1s")
+    began = time.monotonic()
+    with pytest.raises(AmqpSourceError) as raised:
+        p.latest_offset(first.to_json(), None, False)
+    assert 1 <= time.monotonic() - began < 30
+    said = (
+        f"stream '{re.escape(s)}' ends at offset 5 on the node asked, before offset 25 where it ended when this availableNow run "
+        r"started, and the query has read it up to 5; still after \d+s \(brokerOutageTimeout=1s\): the run fails rather "
+        "than end with those offsets unread"
+    )
+    assert re.match(said, str(raised.value)), str(raised.value)
