@@ -44,8 +44,18 @@ def with_hosts(url: str, hosts: list[str]) -> str:
     return f"{head}{at}{','.join(hosts)}/{address.partition('/')[2]}"
 
 
+class ToolFailed(subprocess.CalledProcessError):
+    """CalledProcessError that says what the tool printed: its own message leaves that out."""
+
+    def __str__(self) -> str:
+        return f"{super().__str__()}\n{self.stdout}{self.stderr}"
+
+
 def _tool(*args: str, timeout: float = 120) -> str:
-    return subprocess.run([str(TOOLS), *args], check=True, capture_output=True, text=True, timeout=timeout).stdout.strip()
+    done = subprocess.run([str(TOOLS), *args], capture_output=True, text=True, timeout=timeout)
+    if done.returncode:
+        raise ToolFailed(done.returncode, done.args, done.stdout, done.stderr)
+    return done.stdout.strip()
 
 
 NETFAULT = TOOLS.parent / "netfault"
